@@ -1,0 +1,255 @@
+//! Recovery decisions: whether and when to restart after a failure, and which checkpoint to restore.
+//!
+//! Pure: the runtime reports failures with the current time and the verification result of each
+//! candidate checkpoint; this module answers. It does not read storage or sleep.
+
+use crate::ids::{CheckpointId, TimeMs};
+
+/// How the job is restarted after a failover. Defaults: exponential backoff from 100 ms doubling up to
+/// 10 s, at most 10 attempts; the attempt count resets after the job ran 60 s without failing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RestartStrategy {
+    /// Never restart: the first failure fails the job.
+    None,
+    /// Wait `delay_ms` before each restart; give up after `max_attempts` consecutive failures.
+    FixedDelay { delay_ms: u64, max_attempts: u32 },
+    /// Wait `initial_ms`, then twice as long each time up to `max_ms`; give up after `max_attempts`.
+    ExponentialBackoff {
+        initial_ms: u64,
+        max_ms: u64,
+        max_attempts: u32,
+        reset_after_ms: u64,
+    },
+}
+
+impl Default for RestartStrategy {
+    fn default() -> Self {
+        RestartStrategy::ExponentialBackoff {
+            initial_ms: 100,
+            max_ms: 10_000,
+            max_attempts: 10,
+            reset_after_ms: 60_000,
+        }
+    }
+}
+
+/// The answer to a failure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RestartDecision {
+    /// Restart after this many milliseconds; this is attempt number `attempt` (1-based).
+    RestartAfter { delay_ms: u64, attempt: u32 },
+    /// Do not restart: the job fails.
+    GiveUp { attempts: u32 },
+}
+
+/// Tracks consecutive failures under a [`RestartStrategy`].
+#[derive(Clone, Debug)]
+pub struct RestartTracker {
+    strategy: RestartStrategy,
+    attempts: u32,
+    last_restart_at: Option<TimeMs>,
+}
+
+impl RestartTracker {
+    pub fn new(strategy: RestartStrategy) -> RestartTracker {
+        RestartTracker {
+            strategy,
+            attempts: 0,
+            last_restart_at: None,
+        }
+    }
+
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// A failure happened at `now`.
+    pub fn on_failure(&mut self, now: TimeMs) -> RestartDecision {
+        if let (RestartStrategy::ExponentialBackoff { reset_after_ms, .. }, Some(at)) =
+            (&self.strategy, self.last_restart_at)
+        {
+            if now.saturating_sub(at) >= *reset_after_ms {
+                self.attempts = 0;
+            }
+        }
+        self.attempts += 1;
+        self.last_restart_at = Some(now);
+        let attempt = self.attempts;
+        match self.strategy {
+            RestartStrategy::None => RestartDecision::GiveUp {
+                attempts: attempt - 1,
+            },
+            RestartStrategy::FixedDelay {
+                delay_ms,
+                max_attempts,
+            } => {
+                if attempt > max_attempts {
+                    RestartDecision::GiveUp {
+                        attempts: attempt - 1,
+                    }
+                } else {
+                    RestartDecision::RestartAfter { delay_ms, attempt }
+                }
+            }
+            RestartStrategy::ExponentialBackoff {
+                initial_ms,
+                max_ms,
+                max_attempts,
+                ..
+            } => {
+                if attempt > max_attempts {
+                    return RestartDecision::GiveUp {
+                        attempts: attempt - 1,
+                    };
+                }
+                let shift = (attempt - 1).min(40);
+                let delay_ms = initial_ms.saturating_mul(1u64 << shift).min(max_ms);
+                RestartDecision::RestartAfter { delay_ms, attempt }
+            }
+        }
+    }
+}
+
+/// One complete checkpoint found in storage, and whether every file of it verified.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub checkpoint: CheckpointId,
+    /// `Err(reason)` when a checksum, size or decode check failed.
+    pub verified: Result<(), String>,
+}
+
+/// Which checkpoint to restore.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestoreChoice {
+    /// `None`: start from scratch (no complete checkpoint verified).
+    pub checkpoint: Option<CheckpointId>,
+    /// Newer complete checkpoints that failed verification and were skipped, with the reason: each is
+    /// a warning the operator must see.
+    pub skipped: Vec<(CheckpointId, String)>,
+}
+
+/// Choose the latest complete checkpoint that verifies, skipping (and reporting) newer broken ones.
+pub fn choose_restore(mut candidates: Vec<Candidate>) -> RestoreChoice {
+    candidates.sort_by_key(|c| std::cmp::Reverse(c.checkpoint));
+    let mut skipped = Vec::new();
+    for c in candidates {
+        match c.verified {
+            Ok(()) => {
+                return RestoreChoice {
+                    checkpoint: Some(c.checkpoint),
+                    skipped,
+                }
+            }
+            Err(reason) => skipped.push((c.checkpoint, reason)),
+        }
+    }
+    RestoreChoice {
+        checkpoint: None,
+        skipped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exponential_backoff_doubles_caps_and_gives_up() {
+        let mut t = RestartTracker::new(RestartStrategy::ExponentialBackoff {
+            initial_ms: 100,
+            max_ms: 350,
+            max_attempts: 4,
+            reset_after_ms: 1_000_000,
+        });
+        let delays: Vec<_> = (0..5).map(|i| t.on_failure(TimeMs(i))).collect();
+        assert_eq!(
+            delays,
+            vec![
+                RestartDecision::RestartAfter {
+                    delay_ms: 100,
+                    attempt: 1
+                },
+                RestartDecision::RestartAfter {
+                    delay_ms: 200,
+                    attempt: 2
+                },
+                RestartDecision::RestartAfter {
+                    delay_ms: 350,
+                    attempt: 3
+                },
+                RestartDecision::RestartAfter {
+                    delay_ms: 350,
+                    attempt: 4
+                },
+                RestartDecision::GiveUp { attempts: 4 },
+            ]
+        );
+    }
+
+    #[test]
+    fn backoff_resets_after_a_stable_run() {
+        let mut t = RestartTracker::new(RestartStrategy::ExponentialBackoff {
+            initial_ms: 10,
+            max_ms: 1000,
+            max_attempts: 2,
+            reset_after_ms: 500,
+        });
+        t.on_failure(TimeMs(0));
+        t.on_failure(TimeMs(100));
+        assert_eq!(
+            t.on_failure(TimeMs(10_000)),
+            RestartDecision::RestartAfter {
+                delay_ms: 10,
+                attempt: 1
+            }
+        );
+    }
+
+    #[test]
+    fn fixed_delay_and_none() {
+        let mut t = RestartTracker::new(RestartStrategy::FixedDelay {
+            delay_ms: 7,
+            max_attempts: 1,
+        });
+        assert_eq!(
+            t.on_failure(TimeMs(0)),
+            RestartDecision::RestartAfter {
+                delay_ms: 7,
+                attempt: 1
+            }
+        );
+        assert_eq!(
+            t.on_failure(TimeMs(1)),
+            RestartDecision::GiveUp { attempts: 1 }
+        );
+        let mut n = RestartTracker::new(RestartStrategy::None);
+        assert_eq!(
+            n.on_failure(TimeMs(0)),
+            RestartDecision::GiveUp { attempts: 0 }
+        );
+    }
+
+    #[test]
+    fn restore_skips_newer_broken_checkpoints_with_a_warning() {
+        let choice = choose_restore(vec![
+            Candidate {
+                checkpoint: CheckpointId(3),
+                verified: Ok(()),
+            },
+            Candidate {
+                checkpoint: CheckpointId(5),
+                verified: Err("checksum".into()),
+            },
+            Candidate {
+                checkpoint: CheckpointId(4),
+                verified: Ok(()),
+            },
+        ]);
+        assert_eq!(choice.checkpoint, Some(CheckpointId(4)));
+        assert_eq!(
+            choice.skipped,
+            vec![(CheckpointId(5), "checksum".to_string())]
+        );
+        assert_eq!(choose_restore(vec![]).checkpoint, None);
+    }
+}
