@@ -360,6 +360,8 @@ impl<R: Clone> Coordinator<R> {
         self.consecutive_failures = 0;
         self.last_trigger_at = None;
         self.last_end_at = Some(now);
+        // A lease extension asked for by the old generation may have been dropped with it: ask again.
+        self.lease_requested = false;
         self.phase = Phase::Running;
     }
 
@@ -409,7 +411,12 @@ impl<R: Clone> Coordinator<R> {
                 if self.pending[&checkpoint].committing {
                     return; // every task already acked; a stray decline cannot undo that
                 }
+                let is_final = self.pending[&checkpoint].barrier.kind == SnapshotKind::Final;
+                let why = format!("final checkpoint {checkpoint} declined by {task}: {reason}");
                 self.abort(checkpoint, now, AbortReason::Declined { task, reason }, out);
+                if is_final && self.phase != Phase::FailingOver {
+                    self.fail_over(now, why, out);
+                }
             }
             Event::TaskFailed {
                 generation,
@@ -433,8 +440,8 @@ impl<R: Clone> Coordinator<R> {
                 self.on_tick(now, out);
             }
             Event::TaskFinished { generation, task } => {
-                if generation != self.generation {
-                    return;
+                if generation != self.generation || self.phase == Phase::FailingOver {
+                    return; // sent before the failover was decided
                 }
                 let Phase::Draining(final_id) = self.phase else {
                     panic!(
@@ -622,7 +629,9 @@ impl<R: Clone> Coordinator<R> {
             }
             out.push(Decision::NotifyComplete { checkpoint });
         }
-        if p.barrier.kind == SnapshotKind::Final {
+        // A final checkpoint whose manifest landed after a failover was decided: complete, but the
+        // job still fails over.
+        if p.barrier.kind == SnapshotKind::Final && self.phase != Phase::FailingOver {
             assert_eq!(self.phase, Phase::Finishing(checkpoint));
             self.phase = Phase::Draining(checkpoint);
         }
@@ -658,6 +667,7 @@ impl<R: Clone> Coordinator<R> {
             self.consecutive_failures += 1;
             if self.consecutive_failures > self.config.tolerable_failures
                 && self.phase != Phase::FailingOver
+                && self.phase != Phase::Finished
             {
                 let n = self.consecutive_failures;
                 self.fail_over(

@@ -1,0 +1,133 @@
+//! The one error type of the storage layer, [`StorageError`], and its classification into transient
+//! failures (worth a retry) and everything else. It does not retry, log, or decide what the engine does
+//! about a failure: callers do.
+
+use crate::format::FileKind;
+use cutline_core::CheckpointId;
+use std::io::ErrorKind;
+use std::path::PathBuf;
+
+/// Everything that can go wrong in a checkpoint store. Messages name the file and say what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error(
+        "cannot {op} {}: {source}; check that the path exists, is writable and that the disk is not full",
+        path.display()
+    )]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot use {} as a checkpoint store: {reason}", path.display())]
+    InvalidRoot { path: PathBuf, reason: String },
+    #[error(
+        "{} is not a cutline file (bad magic bytes): it is corrupt or was put there by another program; \
+         remove it or restore it from a backup",
+        path.display()
+    )]
+    BadMagic { path: PathBuf },
+    #[error(
+        "{} was written by a newer cutline (format version {found}; this build reads versions up to \
+         {supported}): upgrade cutline to read it",
+        path.display()
+    )]
+    UnsupportedVersion {
+        path: PathBuf,
+        found: u16,
+        supported: u16,
+    },
+    #[error(
+        "{} holds a file of kind {found} where a {expected} file was expected: it was renamed or \
+         overwritten; restore it from a backup or restore from another checkpoint",
+        path.display()
+    )]
+    WrongKind {
+        path: PathBuf,
+        expected: FileKind,
+        found: u16,
+    },
+    #[error(
+        "{} is truncated (its frame needs {expected} bytes, the file has {actual}): it was cut short by a \
+         crash or a full disk; restore from another checkpoint",
+        path.display()
+    )]
+    Truncated {
+        path: PathBuf,
+        expected: u64,
+        actual: u64,
+    },
+    #[error(
+        "{} is corrupt (checksum {actual:#010x}, expected {expected:#010x}); restore from another \
+         checkpoint",
+        path.display()
+    )]
+    ChecksumMismatch {
+        path: PathBuf,
+        expected: u32,
+        actual: u32,
+    },
+    #[error(
+        "{} has {actual} bytes but its manifest recorded {expected}: it was changed after the checkpoint \
+         was taken; restore from another checkpoint",
+        path.display()
+    )]
+    SizeMismatch {
+        path: PathBuf,
+        expected: u64,
+        actual: u64,
+    },
+    #[error(
+        "cannot decode {} ({reason}): it is corrupt or comes from an incompatible build; restore from \
+         another checkpoint",
+        path.display()
+    )]
+    Decode { path: PathBuf, reason: String },
+    #[error(
+        "invalid operator id {0:?}: use a non-empty id made of ASCII letters, digits, '_', '.' and '-'"
+    )]
+    InvalidOperatorId(String),
+    #[error(
+        "invalid file reference {0:?}: a manifest may only name relative '/'-separated paths inside the \
+         store; the manifest is corrupt or was edited by hand"
+    )]
+    InvalidPath(String),
+    #[error(
+        "{0} is already committed and a committed checkpoint is never changed; take a new checkpoint with \
+         a higher id"
+    )]
+    ManifestExists(CheckpointId),
+    #[error("{what} not found: check the store path, or restore from another checkpoint")]
+    NotFound { what: String },
+    #[error(
+        "{0} is complete and cannot be discarded; complete checkpoints are only removed by gc, according \
+         to retention"
+    )]
+    DiscardComplete(CheckpointId),
+    #[error("injected failure at {0} (failure drill); retry the operation")]
+    Injected(String),
+}
+
+impl StorageError {
+    /// Whether retrying the same operation may succeed: interrupted or timed-out I/O and injected
+    /// failures. Corruption, missing files and contract violations are not transient.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StorageError::Io { source, .. } => matches!(
+                source.kind(),
+                ErrorKind::Interrupted | ErrorKind::TimedOut | ErrorKind::WouldBlock
+            ),
+            StorageError::Injected(_) => true,
+            _ => false,
+        }
+    }
+
+    pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Self {
+        StorageError::Io {
+            path: path.into(),
+            op,
+            source,
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! [`FaultyStore`]: wraps a store and fails chosen write-like operations on purpose, for failure drills
+//! and simulations. It owns only the decision to fail; reads always pass through, and it never
+//! corrupts data (use [`crate::MemStore::corrupt`] for that).
+
+use crate::error::StorageError;
+use crate::manifest::{JobMeta, Manifest, TaskStateHandle};
+use crate::store::{CheckpointListing, CheckpointStore, GcReport};
+use cutline_core::{CheckpointId, KeyGroupRange, OperatorId, SubtaskIndex};
+
+/// A write-like operation the fault policy is asked about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreOp {
+    WriteTaskState {
+        checkpoint: CheckpointId,
+    },
+    /// Asked before the manifest is written: `true` fails the commit and nothing is written.
+    CommitManifest {
+        checkpoint: CheckpointId,
+    },
+    /// Asked only after the manifest was durably committed: `true` reports a failure although the
+    /// checkpoint IS committed, like a reply lost on the way back. The caller cannot tell which case
+    /// it is in; only the store knows (list, read the manifest, or retry and get
+    /// [`StorageError::ManifestExists`]).
+    CommitManifestAfterWrite {
+        checkpoint: CheckpointId,
+    },
+    Discard {
+        checkpoint: CheckpointId,
+    },
+    WriteMeta,
+    MarkFinished,
+    Gc,
+}
+
+/// Decides, per operation, whether it fails. Called once per write-like call (twice for a commit).
+pub type FaultPolicy = Box<dyn Fn(StoreOp) -> bool + Send + Sync>;
+
+/// A store that forwards to `S` unless its policy says an operation fails, in which case the operation
+/// returns [`StorageError::Injected`] and does nothing (except for
+/// [`StoreOp::CommitManifestAfterWrite`], which fails after doing everything).
+pub struct FaultyStore<S: CheckpointStore> {
+    inner: S,
+    policy: FaultPolicy,
+}
+
+impl<S: CheckpointStore> FaultyStore<S> {
+    pub fn new(inner: S, policy: impl Fn(StoreOp) -> bool + Send + Sync + 'static) -> Self {
+        FaultyStore {
+            inner,
+            policy: Box::new(policy),
+        }
+    }
+
+    /// The wrapped store, to look at what really happened.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    fn check(&self, op: StoreOp) -> Result<(), StorageError> {
+        if (self.policy)(op) {
+            Err(StorageError::Injected(format!("{op:?}")))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl<S: CheckpointStore> CheckpointStore for FaultyStore<S> {
+    fn write_task_state(
+        &self,
+        checkpoint: CheckpointId,
+        operator: &OperatorId,
+        subtask: SubtaskIndex,
+        parallelism: u32,
+        key_groups: Option<KeyGroupRange>,
+        payload: &[u8],
+    ) -> Result<TaskStateHandle, StorageError> {
+        self.check(StoreOp::WriteTaskState { checkpoint })?;
+        self.inner.write_task_state(
+            checkpoint,
+            operator,
+            subtask,
+            parallelism,
+            key_groups,
+            payload,
+        )
+    }
+
+    fn read_task_state(&self, handle: &TaskStateHandle) -> Result<Vec<u8>, StorageError> {
+        self.inner.read_task_state(handle)
+    }
+
+    fn commit_manifest(&self, manifest: &Manifest) -> Result<(), StorageError> {
+        let checkpoint = manifest.checkpoint;
+        self.check(StoreOp::CommitManifest { checkpoint })?;
+        self.inner.commit_manifest(manifest)?;
+        self.check(StoreOp::CommitManifestAfterWrite { checkpoint })
+    }
+
+    fn list_checkpoints(&self) -> Result<Vec<CheckpointListing>, StorageError> {
+        self.inner.list_checkpoints()
+    }
+
+    fn read_manifest(&self, id: CheckpointId) -> Result<Manifest, StorageError> {
+        self.inner.read_manifest(id)
+    }
+
+    fn verify(&self, id: CheckpointId) -> Result<Manifest, StorageError> {
+        self.inner.verify(id)
+    }
+
+    fn discard(&self, id: CheckpointId) -> Result<(), StorageError> {
+        self.check(StoreOp::Discard { checkpoint: id })?;
+        self.inner.discard(id)
+    }
+
+    fn gc(&self, retain: usize, in_flight: &[CheckpointId]) -> Result<GcReport, StorageError> {
+        self.check(StoreOp::Gc)?;
+        self.inner.gc(retain, in_flight)
+    }
+
+    fn read_meta(&self) -> Result<Option<JobMeta>, StorageError> {
+        self.inner.read_meta()
+    }
+
+    fn write_meta(&self, meta: &JobMeta) -> Result<(), StorageError> {
+        self.check(StoreOp::WriteMeta)?;
+        self.inner.write_meta(meta)
+    }
+
+    fn mark_finished(&self, checkpoint: CheckpointId) -> Result<(), StorageError> {
+        self.check(StoreOp::MarkFinished)?;
+        self.inner.mark_finished(checkpoint)
+    }
+
+    fn finished(&self) -> Result<Option<CheckpointId>, StorageError> {
+        self.inner.finished()
+    }
+
+    fn describe(&self) -> String {
+        format!("{} (with injected faults)", self.inner.describe())
+    }
+}

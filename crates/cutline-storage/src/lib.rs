@@ -1,0 +1,28 @@
+//! Checkpoint storage of cutline: the framed, checksummed file format of everything cutline writes,
+//! checkpoint manifests (the commit point of a checkpoint), retention, and the stores that hold them.
+//! It knows nothing of operators, barriers or the coordinator's protocol: it stores what it is given
+//! and reports precisely what is wrong with what it reads back.
+//!
+//! - [`format`](mod@format): the file frame (magic, version, kind, length, payload, CRC32).
+//! - [`CheckpointStore`]: the storage contract, implemented by [`LocalDirStore`] (a directory) and
+//!   [`MemStore`] (memory, for simulations), wrapped by [`FaultyStore`] for failure drills.
+//! - [`Manifest`], [`TaskStateHandle`], [`JobMeta`]: the records kept.
+
+mod error;
+mod faulty;
+pub mod format;
+mod local;
+mod manifest;
+mod mem;
+mod store;
+
+pub use error::StorageError;
+pub use faulty::{FaultPolicy, FaultyStore, StoreOp};
+pub use format::{decode_frame, encode_frame, FileKind, FORMAT_VERSION};
+pub use local::LocalDirStore;
+pub use manifest::{JobMeta, Manifest, TaskStateHandle};
+pub use mem::MemStore;
+pub use store::{CheckpointListing, CheckpointStore, GcReport};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,227 @@
+//! [`LocalDirStore`]: a checkpoint store in a local directory, with durable writes (temporary file,
+//! fsync, atomic rename, fsync of the directory). It owns only the file-system primitives; the
+//! checkpoint semantics come from [`crate::store`]. It does not lock the directory against other
+//! processes: one job owns one store.
+
+use crate::error::StorageError;
+use crate::store::{impl_checkpoint_store, temp_name, Entry, Files, CHECKPOINTS_DIR};
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+
+/// A checkpoint store rooted at a local directory.
+#[derive(Debug)]
+pub struct LocalDirStore {
+    root: PathBuf,
+}
+
+impl LocalDirStore {
+    /// Opens the store at `root`, creating the directory (and `checkpoints/`) if absent. Fails if
+    /// `root` is not a directory or not writable.
+    pub fn open(root: impl AsRef<Path>) -> Result<LocalDirStore, StorageError> {
+        let root = root.as_ref().to_path_buf();
+        let invalid = |reason: String| StorageError::InvalidRoot {
+            path: root.clone(),
+            reason,
+        };
+        match fs::metadata(&root) {
+            Ok(meta) if !meta.is_dir() => {
+                return Err(invalid(
+                    "it exists and is not a directory; pass a directory path".to_string(),
+                ))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(invalid(format!("cannot inspect it ({e})"))),
+        }
+        fs::create_dir_all(root.join(CHECKPOINTS_DIR)).map_err(|e| {
+            invalid(format!(
+                "cannot create it ({e}); check the path and its permissions"
+            ))
+        })?;
+        let probe = root.join(temp_name("open-probe"));
+        File::create_new(&probe).map_err(|e| {
+            invalid(format!(
+                "it is not writable ({e}); fix its permissions or choose another directory"
+            ))
+        })?;
+        fs::remove_file(&probe).map_err(|e| StorageError::io(&probe, "remove", e))?;
+        Ok(LocalDirStore { root })
+    }
+
+    fn full(&self, rel: &str) -> PathBuf {
+        if rel.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(rel)
+        }
+    }
+
+    /// Splits `rel` into its (existing or created) directory and its file name.
+    fn prepare_dir(&self, rel: &str) -> Result<(PathBuf, String), StorageError> {
+        let (dir, name) = rel.rsplit_once('/').unwrap_or(("", rel));
+        let dir = self.full(dir);
+        if !dir.is_dir() {
+            fs::create_dir_all(&dir).map_err(|e| StorageError::io(&dir, "create directory", e))?;
+            if let Some(parent) = dir.parent() {
+                sync_dir(parent)?;
+            }
+        }
+        Ok((dir, name.to_string()))
+    }
+}
+
+/// Durably writes `bytes` to `dir/name`, replacing it atomically: a reader sees the old file or the
+/// new one, and after a crash either is there whole. Leaves no temporary file behind on error.
+pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), StorageError> {
+    let tmp = dir.join(temp_name(name));
+    let result = write_synced(&tmp, bytes).and_then(|()| {
+        fs::rename(&tmp, dir.join(name)).map_err(|e| StorageError::io(&tmp, "rename", e))?;
+        sync_dir(dir)
+    });
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Like [`write_atomic`] but never replaces an existing `dir/name`: `Ok(false)` if it exists. Publishes
+/// with a hard link, which fails atomically if the target exists; where links are not supported it
+/// falls back to check-then-rename.
+fn write_atomic_new(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool, StorageError> {
+    let tmp = dir.join(temp_name(name));
+    let target = dir.join(name);
+    let result = write_synced(&tmp, bytes).and_then(|()| match fs::hard_link(&tmp, &target) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
+        Err(_) if target.exists() => Ok(false),
+        Err(_) => fs::rename(&tmp, &target)
+            .map(|()| true)
+            .map_err(|e| StorageError::io(&tmp, "rename", e)),
+    });
+    let _ = fs::remove_file(&tmp);
+    if result? {
+        sync_dir(dir)?;
+        Ok(true)
+    } else {
+        Ok(false)
+    }
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| StorageError::io(path, "create", e))?;
+    file.write_all(bytes)
+        .map_err(|e| StorageError::io(path, "write", e))?;
+    file.sync_all()
+        .map_err(|e| StorageError::io(path, "fsync", e))
+}
+
+/// Makes the entries of `dir` (created, renamed, removed files) durable.
+fn sync_dir(dir: &Path) -> Result<(), StorageError> {
+    #[cfg(unix)]
+    {
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| StorageError::io(dir, "fsync directory", e))?;
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
+}
+
+impl Files for LocalDirStore {
+    fn display_path(&self, rel: &str) -> PathBuf {
+        self.full(rel)
+    }
+
+    fn read(&self, rel: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        let path = self.full(rel);
+        match fs::read(&path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StorageError::io(path, "read", e)),
+        }
+    }
+
+    fn size(&self, rel: &str) -> Result<Option<u64>, StorageError> {
+        let path = self.full(rel);
+        match fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => Ok(Some(meta.len())),
+            Ok(_) => Ok(None),
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+                Ok(None)
+            }
+            Err(e) => Err(StorageError::io(path, "inspect", e)),
+        }
+    }
+
+    fn put(&self, rel: &str, bytes: &[u8]) -> Result<(), StorageError> {
+        let (dir, name) = self.prepare_dir(rel)?;
+        write_atomic(&dir, &name, bytes)
+    }
+
+    fn put_new(&self, rel: &str, bytes: &[u8]) -> Result<bool, StorageError> {
+        let (dir, name) = self.prepare_dir(rel)?;
+        write_atomic_new(&dir, &name, bytes)
+    }
+
+    fn list(&self, dir: &str) -> Result<Vec<Entry>, StorageError> {
+        let path = self.full(dir);
+        let reader = match fs::read_dir(&path) {
+            Ok(reader) => reader,
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+                return Ok(Vec::new())
+            }
+            Err(e) => return Err(StorageError::io(path, "list", e)),
+        };
+        let mut out = Vec::new();
+        for entry in reader {
+            let entry = entry.map_err(|e| StorageError::io(&path, "list", e))?;
+            let Ok(name) = entry.file_name().into_string() else {
+                continue; // not a name cutline writes
+            };
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            out.push(Entry { name, is_dir });
+        }
+        Ok(out)
+    }
+
+    fn remove_file(&self, rel: &str) -> Result<(), StorageError> {
+        let path = self.full(rel);
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != ErrorKind::NotFound => Err(StorageError::io(path, "remove", e)),
+            _ => Ok(()),
+        }
+    }
+
+    fn remove_dir_if_empty(&self, dir: &str) -> Result<bool, StorageError> {
+        let path = self.full(dir);
+        match fs::read_dir(&path).map(|mut entries| entries.next().is_none()) {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(StorageError::io(path, "list", e)),
+        }
+        match fs::remove_dir(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty) => {
+                Ok(false)
+            }
+            Err(e) => Err(StorageError::io(path, "remove directory", e)),
+        }
+    }
+
+    fn sync_dir(&self, dir: &str) -> Result<(), StorageError> {
+        sync_dir(&self.full(dir))
+    }
+
+    fn describe(&self) -> String {
+        format!("local directory {}", self.root.display())
+    }
+}
+
+impl_checkpoint_store!(LocalDirStore);

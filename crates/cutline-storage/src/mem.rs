@@ -1,0 +1,145 @@
+//! [`MemStore`]: a checkpoint store held in memory, with the same semantics as
+//! [`crate::LocalDirStore`] (the semantics live in [`crate::store`]), for deterministic simulations and
+//! tests. Every write is atomic and "durable" at once; nothing survives the value. Directories are
+//! implied by the paths of the files in them.
+
+use crate::error::StorageError;
+use crate::store::{impl_checkpoint_store, Entry, Files};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
+
+/// An in-memory checkpoint store: path -> bytes.
+#[derive(Debug, Default)]
+pub struct MemStore {
+    files: Mutex<BTreeMap<String, Vec<u8>>>,
+}
+
+impl MemStore {
+    pub fn new() -> MemStore {
+        MemStore::default()
+    }
+
+    /// Flips one byte (the middle one) of the file at `path`, to simulate corruption. Panics if there
+    /// is no such file or it is empty.
+    pub fn corrupt(&self, path: &str) {
+        let mut files = self.lock();
+        let bytes = files
+            .get_mut(path)
+            .unwrap_or_else(|| panic!("MemStore::corrupt: no file {path:?}"));
+        assert!(!bytes.is_empty(), "MemStore::corrupt: {path:?} is empty");
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0xFF;
+    }
+
+    /// The paths of all files, sorted.
+    pub fn paths(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn raw_get(&self, path: &str) -> Option<Vec<u8>> {
+        self.lock().get(path).cloned()
+    }
+
+    /// Writes a file bypassing the store semantics (simulates leftovers of a crash).
+    #[cfg(test)]
+    pub(crate) fn raw_put(&self, path: &str, bytes: &[u8]) {
+        self.lock().insert(path.to_string(), bytes.to_vec());
+    }
+
+    /// A panic in a test holding the lock must not hide the store from the next assertion.
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Vec<u8>>> {
+        self.files.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn dir_prefix(dir: &str) -> String {
+    if dir.is_empty() {
+        String::new()
+    } else {
+        format!("{dir}/")
+    }
+}
+
+impl Files for MemStore {
+    fn display_path(&self, rel: &str) -> PathBuf {
+        PathBuf::from(format!("mem:{rel}"))
+    }
+
+    fn read(&self, rel: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.lock().get(rel).cloned())
+    }
+
+    fn size(&self, rel: &str) -> Result<Option<u64>, StorageError> {
+        Ok(self.lock().get(rel).map(|b| b.len() as u64))
+    }
+
+    fn put(&self, rel: &str, bytes: &[u8]) -> Result<(), StorageError> {
+        self.lock().insert(rel.to_string(), bytes.to_vec());
+        Ok(())
+    }
+
+    fn put_new(&self, rel: &str, bytes: &[u8]) -> Result<bool, StorageError> {
+        let mut files = self.lock();
+        if files.contains_key(rel) {
+            return Ok(false);
+        }
+        files.insert(rel.to_string(), bytes.to_vec());
+        Ok(true)
+    }
+
+    fn list(&self, dir: &str) -> Result<Vec<Entry>, StorageError> {
+        let prefix = dir_prefix(dir);
+        let files = self.lock();
+        let mut out: Vec<Entry> = Vec::new();
+        for key in files.range(prefix.clone()..) {
+            let Some(rest) = key.0.strip_prefix(&prefix) else {
+                break;
+            };
+            let entry = match rest.split_once('/') {
+                Some((first, _)) => Entry {
+                    name: first.to_string(),
+                    is_dir: true,
+                },
+                None => Entry {
+                    name: rest.to_string(),
+                    is_dir: false,
+                },
+            };
+            // Keys sharing a directory prefix are adjacent, so one look back deduplicates.
+            if !out
+                .last()
+                .is_some_and(|last| last.is_dir && entry.is_dir && last.name == entry.name)
+            {
+                out.push(entry);
+            }
+        }
+        Ok(out)
+    }
+
+    fn remove_file(&self, rel: &str) -> Result<(), StorageError> {
+        self.lock().remove(rel);
+        Ok(())
+    }
+
+    fn remove_dir_if_empty(&self, dir: &str) -> Result<bool, StorageError> {
+        let prefix = dir_prefix(dir);
+        let files = self.lock();
+        let empty = !files
+            .range(prefix.clone()..)
+            .next()
+            .is_some_and(|(k, _)| k.starts_with(&prefix));
+        Ok(empty)
+    }
+
+    fn sync_dir(&self, _dir: &str) -> Result<(), StorageError> {
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "in-memory store".to_string()
+    }
+}
+
+impl_checkpoint_store!(MemStore);

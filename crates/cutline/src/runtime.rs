@@ -1,0 +1,866 @@
+//! The threaded runtime: one thread per task, a small pool of snapshot writers, and the coordinator
+//! loop on the calling thread. It carries out the coordinator's decisions (inject barriers, commit
+//! manifests, notify, abort, fail over) and the recovery decisions (which checkpoint, when to restart).
+//!
+//! It owns no protocol logic of its own: the coordinator, aligner and restart policy decide; this module
+//! moves messages, bytes and threads.
+
+use crate::fault::{FaultPoint, Faults};
+use crate::graph::{DeployOptions, DeployedTask, EdgeKind, JobGraph};
+use crate::message::{Control, TaskError};
+use crate::source::SourceStatus;
+use crate::state::{RestoreIndex, SnapshotBuilder};
+use crate::task::{SnapshotTimings, SourcePhase, Task, TaskEnv};
+use crossbeam_channel::{Receiver, Select, Sender};
+use cutline_core::barrier::{Barrier, SnapshotKind};
+use cutline_core::coordinator::{
+    CheckpointConfig, Coordinator, Decision, Event, Outcome, EPOCH_LEASE_BLOCK,
+};
+use cutline_core::restart::{RestartDecision, RestartStrategy, RestartTracker};
+use cutline_core::{
+    CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex, TaskId, TimeMs,
+};
+use cutline_storage::{CheckpointStore, JobMeta, Manifest, StorageError, TaskStateHandle};
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Batches a data channel holds before its sender blocks (backpressure).
+pub const DEFAULT_CHANNEL_CAPACITY: usize = 16;
+/// Snapshots queued for the writers before a task blocks at its next barrier.
+pub const SNAPSHOT_QUEUE_CAPACITY: usize = 64;
+/// Complete checkpoints kept by retention.
+pub const DEFAULT_RETAINED_CHECKPOINTS: usize = 3;
+/// How often the coordinator looks at the clock when nothing happens.
+pub const DEFAULT_TICK_MS: u64 = 5;
+/// How long an idle source waits before polling again.
+const SOURCE_IDLE_WAIT_MS: u64 = 1;
+
+/// How a job runs. Build with [`RunConfig::new`] and adjust fields.
+#[derive(Clone)]
+pub struct RunConfig {
+    pub store: Arc<dyn CheckpointStore>,
+    /// Identifies the job in its state directory: a directory written by another job is refused.
+    pub job_fingerprint: String,
+    pub checkpoint: CheckpointConfig,
+    pub restart: RestartStrategy,
+    /// Complete checkpoints kept (default 3).
+    pub retain: usize,
+    /// Batches per data channel (default 16).
+    pub channel_capacity: usize,
+    /// Records per batch (default 1024).
+    pub batch_size: usize,
+    /// Snapshot writer threads (default 1).
+    pub snapshot_writers: usize,
+    pub faults: Faults,
+    /// Extra store failures (drills); `None` uses the store as is.
+    pub tick_ms: u64,
+    /// Print a line per checkpoint, failure and restart to stderr.
+    pub verbose: bool,
+}
+
+impl RunConfig {
+    pub fn new(store: Arc<dyn CheckpointStore>, job_fingerprint: impl Into<String>) -> RunConfig {
+        RunConfig {
+            store,
+            job_fingerprint: job_fingerprint.into(),
+            checkpoint: CheckpointConfig::default(),
+            restart: RestartStrategy::default(),
+            retain: DEFAULT_RETAINED_CHECKPOINTS,
+            channel_capacity: DEFAULT_CHANNEL_CAPACITY,
+            batch_size: crate::emit::DEFAULT_BATCH_SIZE,
+            snapshot_writers: 1,
+            faults: Faults::none(),
+            tick_ms: DEFAULT_TICK_MS,
+            verbose: false,
+        }
+    }
+
+    fn validate(&self) -> Result<(), RunError> {
+        self.checkpoint.validate().map_err(RunError::Config)?;
+        let bad = |m: &str| Err(RunError::Config(m.to_string()));
+        if self.retain == 0 {
+            return bad("retain must keep at least 1 checkpoint");
+        }
+        if self.channel_capacity == 0
+            || self.batch_size == 0
+            || self.snapshot_writers == 0
+            || self.tick_ms == 0
+        {
+            return bad(
+                "channel capacity, batch size, snapshot writers and tick must all be positive",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Why a job did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("the state directory {store} belongs to job {found:?}, not {expected:?}: use another --state directory")]
+    WrongJob {
+        store: String,
+        found: String,
+        expected: String,
+    },
+    #[error("checkpoint storage: {0}")]
+    Storage(#[from] StorageError),
+    #[error("cannot restore checkpoint {checkpoint}: {reason}")]
+    Restore {
+        checkpoint: CheckpointId,
+        reason: String,
+    },
+    #[error("the job failed {attempts} times in a row and the restart strategy gave up; last failure: {last}")]
+    GaveUp { attempts: u32, last: String },
+    #[error("a task failed while the job was being deployed: {0}")]
+    Deploy(TaskError),
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug, Default)]
+pub struct JobReport {
+    /// The job had already finished before this run: nothing was done.
+    pub already_finished: bool,
+    pub final_checkpoint: Option<CheckpointId>,
+    /// The checkpoint this run restored at start, if any.
+    pub restored_from: Option<CheckpointId>,
+    pub checkpoints_completed: u64,
+    pub checkpoints_failed: u64,
+    pub restarts: u32,
+    /// Duration of every completed checkpoint (trigger to manifest durable), in order.
+    pub checkpoint_durations_ms: Vec<u64>,
+    /// Longest alignment among the tasks of every completed checkpoint.
+    pub alignment_ms: Vec<u64>,
+    /// Bytes of state of every completed checkpoint.
+    pub checkpoint_bytes: Vec<u64>,
+    /// Time from each failure to the restored job running again.
+    pub recovery_ms: Vec<u64>,
+    pub elapsed_ms: u64,
+}
+
+/// A task's acknowledgement: where its state went and how long it took.
+#[derive(Clone, Debug)]
+pub struct AckReport {
+    pub handle: TaskStateHandle,
+    pub timings: SnapshotTimings,
+    /// From the barrier at the task to the state being durable.
+    pub persist_ms: u64,
+}
+
+enum RtEvent {
+    Coord(Event<AckReport>),
+    Failed {
+        generation: Generation,
+        task: TaskId,
+        error: String,
+    },
+}
+
+struct WriteJob {
+    generation: Generation,
+    task: TaskId,
+    operator: OperatorId,
+    subtask: u32,
+    parallelism: u32,
+    key_groups: Option<KeyGroupRange>,
+    barrier: Barrier,
+    snap: SnapshotBuilder,
+    timings: SnapshotTimings,
+    taken_at: Instant,
+}
+
+struct TaskMeta {
+    operator: OperatorId,
+    subtask: u32,
+    parallelism: u32,
+    key_groups: Option<KeyGroupRange>,
+}
+
+struct RtEnv {
+    start: Instant,
+    generation: Generation,
+    writer: Sender<WriteJob>,
+    events: Sender<RtEvent>,
+    metas: Arc<Vec<TaskMeta>>,
+}
+
+impl TaskEnv for RtEnv {
+    fn now(&self) -> TimeMs {
+        TimeMs(self.start.elapsed().as_millis() as u64)
+    }
+    fn persist(
+        &mut self,
+        task: TaskId,
+        barrier: Barrier,
+        snap: SnapshotBuilder,
+        timings: SnapshotTimings,
+    ) {
+        let m = &self.metas[task.0 as usize];
+        let job = WriteJob {
+            generation: self.generation,
+            task,
+            operator: m.operator.clone(),
+            subtask: m.subtask,
+            parallelism: m.parallelism,
+            key_groups: m.key_groups,
+            barrier,
+            snap,
+            timings,
+            taken_at: Instant::now(),
+        };
+        // Writers gone means the job is being torn down; the snapshot no longer matters.
+        let _ = self.writer.send(job);
+    }
+    fn source_finished(&mut self, task: TaskId) {
+        let _ = self.events.send(RtEvent::Coord(Event::SourceFinished {
+            generation: self.generation,
+            task,
+        }));
+    }
+    fn task_finished(&mut self, task: TaskId) {
+        let _ = self.events.send(RtEvent::Coord(Event::TaskFinished {
+            generation: self.generation,
+            task,
+        }));
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn log(cfg: &RunConfig, msg: impl FnOnce() -> String) {
+    if cfg.verbose {
+        eprintln!("cutline: {}", msg());
+    }
+}
+
+/// Read the state of checkpoint `id` into a restore index, checking it belongs to this job.
+pub(crate) fn load_checkpoint(
+    store: &dyn CheckpointStore,
+    graph: &JobGraph,
+    fingerprint: &str,
+    id: CheckpointId,
+) -> Result<(RestoreIndex, Manifest), RunError> {
+    let manifest = store.verify(id)?;
+    assert_eq!(manifest.checkpoint, id);
+    if manifest.job_fingerprint != fingerprint {
+        return Err(RunError::WrongJob {
+            store: store.describe(),
+            found: manifest.job_fingerprint,
+            expected: fingerprint.to_string(),
+        });
+    }
+    let mut index = RestoreIndex {
+        checkpoint: Some(id),
+        ..Default::default()
+    };
+    for h in &manifest.tasks {
+        let payload = store.read_task_state(h)?;
+        index
+            .add_task_payload(h.subtask.0, h.parallelism, &payload)
+            .map_err(|reason| RunError::Restore {
+                checkpoint: id,
+                reason,
+            })?;
+    }
+    let known: std::collections::BTreeSet<&str> = graph.state_uids().collect();
+    for uid in index.elements.keys() {
+        if !known.contains(uid.as_str()) {
+            return Err(RunError::Restore {
+                checkpoint: id,
+                reason: format!("it holds state of operator {uid:?}, which this job no longer has; keep the operator's id or start from a fresh state directory"),
+            });
+        }
+    }
+    Ok((index, manifest))
+}
+
+/// Choose the latest complete checkpoint that verifies (warning about newer broken ones) and load it.
+pub(crate) fn restore_latest(
+    cfg: &RunConfig,
+    graph: &JobGraph,
+) -> Result<(RestoreIndex, Option<CheckpointId>), RunError> {
+    let listing = cfg.store.list_checkpoints()?;
+    for l in listing.iter().rev().filter(|l| l.complete) {
+        match load_checkpoint(&*cfg.store, graph, &cfg.job_fingerprint, l.id) {
+            Ok((index, _)) => return Ok((index, Some(l.id))),
+            Err(RunError::Storage(e)) => {
+                eprintln!("cutline: WARNING: checkpoint {} does not verify ({e}); falling back to an older one", l.id);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((RestoreIndex::default(), None))
+}
+
+pub(crate) struct StartInfo {
+    pub first: CheckpointId,
+    pub generation: Generation,
+    pub lease_end: CheckpointId,
+}
+
+pub(crate) enum Start {
+    AlreadyFinished(CheckpointId),
+    Run(StartInfo),
+}
+
+/// What every process start does before deploying: check the store belongs to this job, stop if the job
+/// already finished, start a new generation and a new epoch lease above everything issued before, and
+/// clear partial attempts of the previous process.
+pub(crate) fn prepare_start(
+    store: &dyn CheckpointStore,
+    fingerprint: &str,
+    retain: usize,
+) -> Result<Start, RunError> {
+    let meta = store.read_meta()?;
+    if let Some(m) = &meta {
+        if m.job_fingerprint != fingerprint {
+            return Err(RunError::WrongJob {
+                store: store.describe(),
+                found: m.job_fingerprint.clone(),
+                expected: fingerprint.to_string(),
+            });
+        }
+    }
+    if let Some(c) = store.finished()? {
+        return Ok(Start::AlreadyFinished(c));
+    }
+    // Epochs: above the durable lease and above anything in storage, for the whole life of the job.
+    let seen = store
+        .max_checkpoint_id_seen()?
+        .map(|c| c.0 + 1)
+        .unwrap_or(1);
+    let first = CheckpointId(seen.max(meta.as_ref().map(|m| m.epoch_lease_end.0).unwrap_or(1)));
+    let generation = meta
+        .as_ref()
+        .map(|m| m.generation)
+        .unwrap_or_default()
+        .next();
+    let lease_end = CheckpointId(first.0 + EPOCH_LEASE_BLOCK);
+    store.write_meta(&JobMeta {
+        job_fingerprint: fingerprint.to_string(),
+        generation,
+        epoch_lease_end: lease_end,
+    })?;
+    // Partial attempts of a previous process are garbage now.
+    store.gc(retain, &[])?;
+    Ok(Start::Run(StartInfo {
+        first,
+        generation,
+        lease_end,
+    }))
+}
+
+/// Run `graph` to completion with checkpoints and recovery. Starting again on the same store after the
+/// process died resumes from the latest complete checkpoint.
+pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
+    cfg.validate()?;
+    let started = Instant::now();
+    let store = cfg.store.clone();
+    let start = match prepare_start(&*store, &cfg.job_fingerprint, cfg.retain)? {
+        Start::AlreadyFinished(c) => {
+            log(&cfg, || {
+                format!("job already finished with checkpoint {c}; nothing to do")
+            });
+            return Ok(JobReport {
+                already_finished: true,
+                final_checkpoint: Some(c),
+                ..Default::default()
+            });
+        }
+        Start::Run(s) => s,
+    };
+    let (first, mut generation, mut lease_end) = (start.first, start.generation, start.lease_end);
+
+    let mut report = JobReport::default();
+    let mut tracker = RestartTracker::new(cfg.restart.clone());
+    let mut coordinator: Option<Coordinator<AckReport>> = None;
+    let mut failed_at: Option<Instant> = None;
+    loop {
+        let (index, restored) = restore_latest(&cfg, graph)?;
+        if coordinator.is_none() {
+            report.restored_from = restored;
+        }
+        match restored {
+            Some(r) => log(&cfg, || format!("{generation}: restoring checkpoint {r}")),
+            None => log(&cfg, || {
+                format!("{generation}: starting from scratch (no complete checkpoint)")
+            }),
+        }
+        let opts = DeployOptions {
+            restore: &index,
+            faults: cfg.faults.clone(),
+            incarnation_base: generation.0 << 32,
+            batch_size: cfg.batch_size,
+            channel_capacity: Some(cfg.channel_capacity),
+        };
+        let deployed = match graph.deploy(&opts) {
+            Ok(d) => d,
+            Err(e @ (TaskError::State { .. } | TaskError::Source { .. }))
+                if restored.is_some() || failed_at.is_none() =>
+            {
+                return Err(RunError::Deploy(e));
+            }
+            Err(e) => return Err(RunError::Deploy(e)),
+        };
+        drop(index);
+        let now_ms = TimeMs(started.elapsed().as_millis() as u64);
+        let ids: Vec<TaskId> = deployed.iter().map(|d| d.task.id).collect();
+        let sources: Vec<TaskId> = deployed
+            .iter()
+            .filter(|d| d.task.is_source())
+            .map(|d| d.task.id)
+            .collect();
+        let coord = match coordinator.as_mut() {
+            None => {
+                coordinator = Some(Coordinator::new(
+                    cfg.checkpoint.clone(),
+                    generation,
+                    ids,
+                    sources,
+                    first,
+                    lease_end,
+                    restored,
+                    now_ms,
+                ));
+                coordinator.as_mut().expect("just set")
+            }
+            Some(c) => {
+                let mut out = Vec::new();
+                c.restart(generation, ids, sources, restored, now_ms, &mut out);
+                // Aborts of the old generation's checkpoints: discard their artifacts.
+                for d in out {
+                    if let Decision::Abort { checkpoint, .. } = d {
+                        let _ = store.discard(checkpoint);
+                    }
+                }
+                c
+            }
+        };
+        if let Some(at) = failed_at.take() {
+            report.recovery_ms.push(at.elapsed().as_millis() as u64);
+        }
+        let outcome = run_generation(
+            graph,
+            &cfg,
+            coord,
+            deployed,
+            generation,
+            started,
+            &mut report,
+            &mut lease_end,
+        )?;
+        match outcome {
+            GenerationOutcome::Finished(c) => {
+                report.final_checkpoint = Some(c);
+                report.checkpoints_completed = coord.completed_count();
+                report.checkpoints_failed = coord.failed_count();
+                report.elapsed_ms = started.elapsed().as_millis() as u64;
+                return Ok(report);
+            }
+            GenerationOutcome::FailedOver(reason) => {
+                failed_at = Some(Instant::now());
+                log(&cfg, || format!("failing over: {reason}"));
+                match tracker.on_failure(TimeMs(started.elapsed().as_millis() as u64)) {
+                    RestartDecision::GiveUp { attempts } => {
+                        return Err(RunError::GaveUp {
+                            attempts,
+                            last: reason,
+                        });
+                    }
+                    RestartDecision::RestartAfter { delay_ms, attempt } => {
+                        log(&cfg, || {
+                            format!("restart attempt {attempt} in {delay_ms} ms")
+                        });
+                        std::thread::sleep(Duration::from_millis(delay_ms));
+                    }
+                }
+                report.restarts += 1;
+                generation = generation.next();
+                store.write_meta(&JobMeta {
+                    job_fingerprint: cfg.job_fingerprint.clone(),
+                    generation,
+                    epoch_lease_end: lease_end,
+                })?;
+            }
+        }
+    }
+}
+
+enum GenerationOutcome {
+    Finished(CheckpointId),
+    FailedOver(String),
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_generation(
+    graph: &JobGraph,
+    cfg: &RunConfig,
+    coord: &mut Coordinator<AckReport>,
+    deployed: Vec<DeployedTask>,
+    generation: Generation,
+    started: Instant,
+    report: &mut JobReport,
+    lease_end: &mut CheckpointId,
+) -> Result<GenerationOutcome, RunError> {
+    let store = cfg.store.clone();
+    let (ev_tx, ev_rx) = crossbeam_channel::unbounded::<RtEvent>();
+    let (wr_tx, wr_rx) = crossbeam_channel::bounded::<WriteJob>(SNAPSHOT_QUEUE_CAPACITY);
+    let metas: Arc<Vec<TaskMeta>> = Arc::new(
+        deployed
+            .iter()
+            .map(|d| {
+                let st = &graph.stages[d.stage];
+                let keyed = st
+                    .inputs
+                    .first()
+                    .is_some_and(|e| graph.edges[*e].kind == EdgeKind::Hash);
+                TaskMeta {
+                    operator: OperatorId::new(st.uid.clone()),
+                    subtask: d.subtask,
+                    parallelism: st.parallelism,
+                    key_groups: keyed.then(|| {
+                        KeyGroupRange::for_subtask(graph.max_parallelism, st.parallelism, d.subtask)
+                    }),
+                }
+            })
+            .collect(),
+    );
+    // Snapshot writers.
+    let mut writers = Vec::new();
+    for w in 0..cfg.snapshot_writers {
+        let rx = wr_rx.clone();
+        let ev = ev_tx.clone();
+        let store = store.clone();
+        let faults = cfg.faults.clone();
+        writers.push(
+            std::thread::Builder::new()
+                .name(format!("cutline-writer-{w}"))
+                .spawn(move || writer_loop(rx, ev, store, faults))
+                .expect("spawn writer"),
+        );
+    }
+    drop(wr_rx);
+    // Tasks.
+    let mut controls: Vec<Sender<Control>> = Vec::new();
+    let mut handles: Vec<JoinHandle<()>> = Vec::new();
+    let mut source_ids = Vec::new();
+    for d in deployed {
+        let (c_tx, c_rx) = crossbeam_channel::unbounded::<Control>();
+        controls.push(c_tx);
+        if d.task.is_source() {
+            source_ids.push(d.task.id);
+        }
+        let env = RtEnv {
+            start: started,
+            generation,
+            writer: wr_tx.clone(),
+            events: ev_tx.clone(),
+            metas: metas.clone(),
+        };
+        let name = d.task.name.clone();
+        let task = d.task;
+        handles.push(
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(move || task_thread(task, c_rx, env))
+                .expect("spawn task"),
+        );
+    }
+    drop(wr_tx);
+    drop(ev_tx);
+
+    let now = || TimeMs(started.elapsed().as_millis() as u64);
+    let mut work: VecDeque<Decision<AckReport>> = VecDeque::new();
+    let mut out = Vec::new();
+    let tick = Duration::from_millis(cfg.tick_ms);
+    let mut pending_stats: std::collections::HashMap<CheckpointId, (u64, u64)> = Default::default();
+    let outcome = 'run: loop {
+        match ev_rx.recv_timeout(tick) {
+            Ok(RtEvent::Coord(e)) => coord.handle(now(), e, &mut out),
+            Ok(RtEvent::Failed {
+                generation: g,
+                task,
+                error,
+            }) => coord.handle(
+                now(),
+                Event::TaskFailed {
+                    generation: g,
+                    task,
+                    reason: error,
+                },
+                &mut out,
+            ),
+            Err(_) => coord.handle(now(), Event::Tick, &mut out),
+        }
+        work.extend(out.drain(..));
+        while let Some(d) = work.pop_front() {
+            match d {
+                Decision::ExtendLease { lease_end: end } => {
+                    store.write_meta(&JobMeta {
+                        job_fingerprint: cfg.job_fingerprint.clone(),
+                        generation,
+                        epoch_lease_end: end,
+                    })?;
+                    *lease_end = end;
+                    coord.handle(now(), Event::LeaseExtended { lease_end: end }, &mut out);
+                }
+                Decision::Trigger { barrier } => {
+                    for s in &source_ids {
+                        let _ = controls[s.0 as usize].send(Control::Trigger(barrier));
+                    }
+                }
+                Decision::CommitManifest {
+                    checkpoint,
+                    kind,
+                    generation: g,
+                    reports,
+                } => {
+                    let mut tasks: Vec<TaskStateHandle> =
+                        reports.iter().map(|(_, r)| r.handle.clone()).collect();
+                    tasks.sort_by(|a, b| (&a.operator, a.subtask).cmp(&(&b.operator, b.subtask)));
+                    let align = reports
+                        .iter()
+                        .map(|(_, r)| r.timings.alignment_ms)
+                        .max()
+                        .unwrap_or(0);
+                    let manifest = Manifest::new(
+                        cfg.job_fingerprint.clone(),
+                        checkpoint,
+                        g,
+                        unix_ms(),
+                        kind == SnapshotKind::Final,
+                        tasks,
+                    );
+                    let bytes = manifest.total_size_bytes();
+                    match store.commit_manifest(&manifest) {
+                        Ok(()) => {
+                            pending_stats.insert(checkpoint, (align, bytes));
+                            coord.handle(now(), Event::ManifestCommitted { checkpoint }, &mut out);
+                        }
+                        Err(e) => coord.handle(
+                            now(),
+                            Event::ManifestFailed {
+                                checkpoint,
+                                reason: e.to_string(),
+                            },
+                            &mut out,
+                        ),
+                    }
+                }
+                Decision::NotifyComplete { checkpoint } => {
+                    if let Some(s) = coord
+                        .history()
+                        .filter(|s| s.checkpoint == checkpoint && s.outcome == Outcome::Completed)
+                        .last()
+                    {
+                        let d = s.duration_ms();
+                        report.checkpoint_durations_ms.push(d);
+                        let (align, bytes) = pending_stats.remove(&checkpoint).unwrap_or_default();
+                        report.alignment_ms.push(align);
+                        report.checkpoint_bytes.push(bytes);
+                        log(cfg, || {
+                            format!("checkpoint {checkpoint} complete in {d} ms ({bytes} bytes, alignment {align} ms)")
+                        });
+                    }
+                    for c in &controls {
+                        let _ = c.send(Control::Complete(checkpoint));
+                    }
+                    store.gc(cfg.retain, &coord.pending())?;
+                }
+                Decision::Abort { checkpoint, reason } => {
+                    log(cfg, || {
+                        format!("checkpoint {checkpoint} aborted: {reason:?}")
+                    });
+                    for c in &controls {
+                        let _ = c.send(Control::Abort(checkpoint));
+                    }
+                    match store.discard(checkpoint) {
+                        Ok(()) | Err(StorageError::DiscardComplete(_)) => {}
+                        Err(e) => log(cfg, || {
+                            format!("could not discard {checkpoint}: {e} (retention will)")
+                        }),
+                    }
+                }
+                Decision::FailOver { reason } => break 'run GenerationOutcome::FailedOver(reason),
+                Decision::JobFinished { checkpoint } => {
+                    store.mark_finished(checkpoint)?;
+                    break 'run GenerationOutcome::Finished(checkpoint);
+                }
+            }
+            work.extend(out.drain(..));
+        }
+    };
+    // Tear down: every task stops; writers drain and stop; late acks of this generation are dropped.
+    for c in &controls {
+        let _ = c.send(Control::Cancel);
+    }
+    drop(controls);
+    drop(ev_rx);
+    for h in handles {
+        let _ = h.join();
+    }
+    for w in writers {
+        let _ = w.join();
+    }
+    Ok(outcome)
+}
+
+fn writer_loop(
+    rx: Receiver<WriteJob>,
+    events: Sender<RtEvent>,
+    store: Arc<dyn CheckpointStore>,
+    faults: Faults,
+) {
+    for job in rx {
+        let result = (|| -> Result<TaskStateHandle, String> {
+            faults
+                .check(FaultPoint::SnapshotWrite)
+                .map_err(|e| e.to_string())?;
+            let payload = job.snap.encode()?;
+            store
+                .write_task_state(
+                    job.barrier.checkpoint,
+                    &job.operator,
+                    SubtaskIndex(job.subtask),
+                    job.parallelism,
+                    job.key_groups,
+                    &payload,
+                )
+                .map_err(|e| e.to_string())
+        })();
+        let ev = match result {
+            Ok(handle) => Event::Acked {
+                generation: job.generation,
+                checkpoint: job.barrier.checkpoint,
+                task: job.task,
+                report: AckReport {
+                    handle,
+                    timings: job.timings,
+                    persist_ms: job.taken_at.elapsed().as_millis() as u64,
+                },
+            },
+            Err(reason) => Event::Declined {
+                generation: job.generation,
+                checkpoint: job.barrier.checkpoint,
+                task: job.task,
+                reason,
+            },
+        };
+        if events.send(RtEvent::Coord(ev)).is_err() {
+            return;
+        }
+    }
+}
+
+fn task_thread(mut task: Task, ctrl: Receiver<Control>, mut env: RtEnv) {
+    let result = catch_unwind(AssertUnwindSafe(|| drive(&mut task, &ctrl, &mut env)));
+    let error = match result {
+        Ok(Ok(())) | Ok(Err(TaskError::Cancelled)) => return,
+        Ok(Err(e)) => e.to_string(),
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
+            format!("panicked: {}", msg.unwrap_or_else(|| "(no message)".into()))
+        }
+    };
+    task.cancel();
+    let _ = env.events.send(RtEvent::Failed {
+        generation: env.generation,
+        task: task.id,
+        error: format!("{}: {error}", task.name),
+    });
+}
+
+fn drive(task: &mut Task, ctrl: &Receiver<Control>, env: &mut RtEnv) -> Result<(), TaskError> {
+    if task.is_source() {
+        loop {
+            loop {
+                match ctrl.try_recv() {
+                    Ok(c) => task.on_control(c, env)?,
+                    Err(crossbeam_channel::TryRecvError::Empty) => break,
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                        return Err(TaskError::Cancelled)
+                    }
+                }
+            }
+            if task.is_finished() {
+                return Ok(());
+            }
+            let wait = match task.source_phase() {
+                SourcePhase::Reading => match task.step_source(env)? {
+                    SourceStatus::More => None,
+                    SourceStatus::Idle => Some(Duration::from_millis(SOURCE_IDLE_WAIT_MS)),
+                    SourceStatus::Finished => Some(Duration::MAX),
+                },
+                _ => Some(Duration::MAX),
+            };
+            if let Some(w) = wait {
+                task.flush()?;
+                let c = if w == Duration::MAX {
+                    ctrl.recv().map_err(|_| TaskError::Cancelled)?
+                } else {
+                    match ctrl.recv_timeout(w) {
+                        Ok(c) => c,
+                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
+                        Err(_) => return Err(TaskError::Cancelled),
+                    }
+                };
+                task.on_control(c, env)?;
+            }
+        }
+    }
+    let n = task.inputs();
+    loop {
+        if task.is_finished() {
+            return Ok(());
+        }
+        let pick = |task: &Task, block: bool| -> Option<Option<usize>> {
+            let mut sel = Select::new();
+            let ci = sel.recv(ctrl);
+            let mut map = Vec::with_capacity(n + 1);
+            map.push((ci, None));
+            for i in 0..n {
+                if task.readable(i) {
+                    map.push((task.body().register(i, &mut sel), Some(i)));
+                }
+            }
+            let r = if block {
+                Some(sel.ready())
+            } else {
+                sel.try_ready().ok()
+            }?;
+            map.iter().find(|(op, _)| *op == r).map(|(_, i)| *i)
+        };
+        let picked = match pick(task, false) {
+            Some(p) => p,
+            None => {
+                task.flush()?;
+                pick(task, true).expect("blocking select returns an operation")
+            }
+        };
+        match picked {
+            None => match ctrl.try_recv() {
+                Ok(c) => task.on_control(c, env)?,
+                Err(crossbeam_channel::TryRecvError::Empty) => {}
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    return Err(TaskError::Cancelled)
+                }
+            },
+            Some(i) => {
+                task.step_input(i, env)?;
+            }
+        }
+    }
+}

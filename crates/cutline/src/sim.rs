@@ -1,0 +1,896 @@
+//! Deterministic simulation of a whole job in one thread: coordinator, tasks, channels, checkpoint
+//! storage and a transactional sink, driven by a seeded scheduler that reorders messages across channels
+//! (never within one), delays snapshot writes and control messages, crashes tasks at every protocol step,
+//! fails storage writes (including a manifest commit that succeeds but reports failure), kills the whole
+//! "process" and restarts it from storage.
+//!
+//! After every completed checkpoint it checks that the checkpoint is a consistent cut (the keyed state
+//! equals exactly what the sources' recorded offsets imply, or at least that much in at-least-once mode);
+//! at the end it checks that the committed output equals that of a run without failures (or contains
+//! it). A failing seed replays exactly: nothing here reads a clock or spawns a thread.
+//!
+//! It drives the same `Task`, `Coordinator`, `MemStore`/`FaultyStore` and sink code as the threaded
+//! runtime; only the scheduling (this file) differs.
+
+use crate::api::{Either, Job};
+use crate::fault::{FaultPoint, Faults};
+use crate::graph::{DeployOptions, EdgeKind, JobGraph};
+use crate::message::Control;
+use crate::runtime::{load_checkpoint, prepare_start, restore_latest, RunConfig, Start};
+use crate::sink::{MemoryTxnSink, MemoryTxnStore};
+use crate::source::{GeneratorSource, SourceStatus};
+use crate::state::{stable_hash, ElementState, SnapshotBuilder};
+use crate::task::{SnapshotTimings, SourcePhase, Task, TaskEnv};
+use cutline_core::barrier::{Barrier, CheckpointMode, SnapshotKind};
+use cutline_core::coordinator::{CheckpointConfig, Coordinator, Decision, Event};
+use cutline_core::{
+    CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex, TaskId, TimeMs,
+};
+use cutline_storage::{
+    CheckpointStore, FaultyStore, JobMeta, Manifest, MemStore, StoreOp, TaskStateHandle,
+};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+/// A small seeded PRNG (xorshift64*), so that a seed replays exactly everywhere.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(crate::state::splitmix64(seed) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        assert!(n > 0);
+        self.next_u64() % n
+    }
+    /// True with probability `p_per_million` / 1e6.
+    pub fn chance(&mut self, p_per_million: u64) -> bool {
+        self.below(1_000_000) < p_per_million
+    }
+}
+
+/// What a simulation run does. Probabilities are per million scheduler steps (or per operation).
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    pub mode: CheckpointMode,
+    /// Records of source "left" (parallelism 2) and "right" (parallelism 1).
+    pub left_records: u64,
+    pub right_records: u64,
+    pub keys: u64,
+    pub max_concurrent: usize,
+    /// A task fails at a random step.
+    pub task_crash_ppm: u64,
+    /// The whole process dies (coordinator included) and restarts from storage.
+    pub process_crash_ppm: u64,
+    /// A failure is injected at a fault point (snapshot, sink prepare/commit/recover, batch).
+    pub fault_point_ppm: u64,
+    /// A storage write fails.
+    pub storage_fail_ppm: u64,
+    pub max_steps: u64,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            mode: CheckpointMode::ExactlyOnce,
+            left_records: 240,
+            right_records: 120,
+            keys: 7,
+            max_concurrent: 1,
+            task_crash_ppm: 1_500,
+            process_crash_ppm: 500,
+            fault_point_ppm: 4_000,
+            storage_fail_ppm: 40_000,
+            max_steps: 400_000,
+        }
+    }
+}
+
+/// What a passing run saw (for tests that want to know the failures were really exercised).
+#[derive(Clone, Debug, Default)]
+pub struct SimReport {
+    pub steps: u64,
+    pub checkpoints_completed: u64,
+    pub failovers: u64,
+    pub process_crashes: u64,
+    pub cuts_checked: u64,
+}
+
+const FINGERPRINT: &str = "sim-job";
+
+fn left_key(i: u64, keys: u64) -> u64 {
+    i % keys
+}
+fn right_key(i: u64, keys: u64) -> u64 {
+    (i * 3 + 1) % keys
+}
+
+/// The simulated job: two sources of different parallelism, connected into one keyed two-input
+/// operator whose state both inputs share, then a map and a transactional sink.
+fn sim_job(o: &SimOptions, out: Arc<Mutex<MemoryTxnStore>>) -> JobGraph {
+    let keys = o.keys;
+    let job = Job::new("sim");
+    job.set_parallelism(2).set_max_parallelism(16);
+    let left = job.source_with_parallelism(
+        "left",
+        2,
+        GeneratorSource::new(o.left_records, move |i| (left_key(i, keys), i)),
+    );
+    let right = job.source_with_parallelism(
+        "right",
+        1,
+        GeneratorSource::new(o.right_records, move |i| (right_key(i, keys), i)),
+    );
+    left.connect(right)
+        .key_by(|l: &(u64, u64)| l.0, |r: &(u64, u64)| r.0)
+        .process(
+            "join",
+            |k: &u64, state: &mut Option<(u64, u64)>, rec: Either<(u64, u64), (u64, u64)>, out| {
+                let s = state.get_or_insert((0, 0));
+                match rec {
+                    Either::Left(_) => {
+                        s.0 += 1;
+                        out.emit(format!("L:{k}:{}", s.0));
+                    }
+                    Either::Right(_) => {
+                        s.1 += 1;
+                        out.emit(format!("R:{k}:{}", s.1));
+                    }
+                }
+            },
+        )
+        .map(|s: String| s)
+        .sink("out", MemoryTxnSink::new(out));
+    job.build().expect("sim job is valid")
+}
+
+/// The committed output of a run without failures, sorted.
+fn expected_output(o: &SimOptions) -> Vec<String> {
+    let mut l: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut r: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut out = Vec::new();
+    for i in 0..o.left_records {
+        let c = l.entry(left_key(i, o.keys)).or_default();
+        *c += 1;
+        out.push(format!("L:{}:{c}", left_key(i, o.keys)));
+    }
+    for i in 0..o.right_records {
+        let c = r.entry(right_key(i, o.keys)).or_default();
+        *c += 1;
+        out.push(format!("R:{}:{c}", right_key(i, o.keys)));
+    }
+    out.sort();
+    out
+}
+
+struct PendingWrite {
+    generation: Generation,
+    task: TaskId,
+    operator: OperatorId,
+    subtask: u32,
+    parallelism: u32,
+    key_groups: Option<KeyGroupRange>,
+    barrier: Barrier,
+    snap: SnapshotBuilder,
+    timings: SnapshotTimings,
+}
+
+enum SimEvent {
+    Coord(Event<TaskStateHandle>),
+}
+
+/// The environment the simulated tasks see.
+struct SimEnv<'a> {
+    now: TimeMs,
+    generation: Generation,
+    writes: &'a mut Vec<PendingWrite>,
+    events: &'a mut VecDeque<SimEvent>,
+    metas: &'a [(OperatorId, u32, u32, Option<KeyGroupRange>)],
+}
+
+impl TaskEnv for SimEnv<'_> {
+    fn now(&self) -> TimeMs {
+        self.now
+    }
+    fn persist(
+        &mut self,
+        task: TaskId,
+        barrier: Barrier,
+        snap: SnapshotBuilder,
+        timings: SnapshotTimings,
+    ) {
+        let (operator, subtask, parallelism, key_groups) = self.metas[task.0 as usize].clone();
+        self.writes.push(PendingWrite {
+            generation: self.generation,
+            task,
+            operator,
+            subtask,
+            parallelism,
+            key_groups,
+            barrier,
+            snap,
+            timings,
+        });
+    }
+    fn source_finished(&mut self, task: TaskId) {
+        self.events
+            .push_back(SimEvent::Coord(Event::SourceFinished {
+                generation: self.generation,
+                task,
+            }));
+    }
+    fn task_finished(&mut self, task: TaskId) {
+        self.events.push_back(SimEvent::Coord(Event::TaskFinished {
+            generation: self.generation,
+            task,
+        }));
+    }
+}
+
+/// Run one seed; `Err` describes the first violated property.
+pub fn run_seed(seed: u64, o: &SimOptions) -> Result<SimReport, String> {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Sim::new(seed, o.clone()).run()
+    }));
+    match result {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            Err(format!("assertion failed: {}", msg.unwrap_or_default()))
+        }
+    }
+}
+
+struct Sim {
+    seed: u64,
+    o: SimOptions,
+    rng: Arc<Mutex<Rng>>,
+    store: Arc<FaultyStore<MemStore>>,
+    out: Arc<Mutex<MemoryTxnStore>>,
+    graph: JobGraph,
+    now: TimeMs,
+    report: SimReport,
+    /// Every epoch ever triggered, across failovers and process crashes.
+    last_triggered: Option<CheckpointId>,
+}
+
+impl Sim {
+    fn new(seed: u64, o: SimOptions) -> Sim {
+        let rng = Arc::new(Mutex::new(Rng::new(seed)));
+        let r2 = rng.clone();
+        let fail_ppm = o.storage_fail_ppm;
+        let store = Arc::new(FaultyStore::new(MemStore::new(), move |op| {
+            let mut r = r2.lock().expect("rng");
+            match op {
+                // Failing the meta write at start would only stop the simulated process; keep it simple.
+                StoreOp::WriteMeta
+                | StoreOp::Gc
+                | StoreOp::Discard { .. }
+                | StoreOp::MarkFinished => false,
+                _ => r.chance(fail_ppm),
+            }
+        }));
+        let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+        let graph = sim_job(&o, out.clone());
+        Sim {
+            seed,
+            o,
+            rng,
+            store,
+            out,
+            graph,
+            now: TimeMs(0),
+            report: SimReport::default(),
+            last_triggered: None,
+        }
+    }
+
+    fn rand(&self, n: u64) -> u64 {
+        self.rng.lock().expect("rng").below(n)
+    }
+    fn chance(&self, ppm: u64) -> bool {
+        self.rng.lock().expect("rng").chance(ppm)
+    }
+
+    fn config(&self) -> RunConfig {
+        let mut cfg = RunConfig::new(self.store.clone(), FINGERPRINT);
+        cfg.checkpoint = CheckpointConfig {
+            interval_ms: Some(5 + self.rand(20)),
+            timeout_ms: 400,
+            min_pause_ms: self.rand(3),
+            max_concurrent: self.o.max_concurrent,
+            tolerable_failures: 2,
+            mode: self.o.mode,
+        };
+        cfg.retain = 2;
+        cfg.batch_size = 1 + self.rand(4) as usize;
+        cfg
+    }
+
+    fn run(mut self) -> Result<SimReport, String> {
+        let expected = expected_output(&self.o);
+        // Each iteration of this loop is one process life.
+        loop {
+            match self.process_life()? {
+                Life::Finished => break,
+                Life::Crashed => {
+                    self.report.process_crashes += 1;
+                }
+            }
+        }
+        let mut got = self.out.lock().expect("out").committed_records();
+        got.sort();
+        match self.o.mode {
+            CheckpointMode::ExactlyOnce => {
+                if got != expected {
+                    return Err(format!(
+                        "seed {}: committed output differs from the failure-free run: {}",
+                        self.seed,
+                        diff(&expected, &got)
+                    ));
+                }
+            }
+            CheckpointMode::AtLeastOnce => {
+                // Every record of the failure-free run must be there; replays may add duplicates, and
+                // state that counted a replayed record twice emits higher counts.
+                let have: std::collections::BTreeSet<&String> = got.iter().collect();
+                let missing: Vec<&String> = expected
+                    .iter()
+                    .filter(|e| !have.contains(e))
+                    .take(5)
+                    .collect();
+                if !missing.is_empty() {
+                    return Err(format!(
+                        "seed {}: at-least-once output lost records, e.g. {missing:?}",
+                        self.seed
+                    ));
+                }
+            }
+        }
+        Ok(self.report)
+    }
+
+    fn process_life(&mut self) -> Result<Life, String> {
+        let cfg = self.config();
+        let start = match prepare_start(&*self.store, FINGERPRINT, cfg.retain)
+            .map_err(|e| e.to_string())?
+        {
+            Start::AlreadyFinished(_) => return Ok(Life::Finished),
+            Start::Run(s) => s,
+        };
+        if let Some(l) = self.last_triggered {
+            assert!(
+                start.first > l,
+                "a new process would reuse epoch {} (last triggered {l})",
+                start.first
+            );
+        }
+        let mut generation = start.generation;
+        let mut lease_end = start.lease_end;
+        let mut coordinator: Option<Coordinator<TaskStateHandle>> = None;
+        let faults = {
+            let rng = self.rng.clone();
+            let ppm = self.o.fault_point_ppm;
+            Faults::new(move |p| {
+                let mut r = rng.lock().expect("rng");
+                match p {
+                    FaultPoint::ProcessBatch => r.chance(ppm / 10),
+                    _ => r.chance(ppm * 10),
+                }
+            })
+        };
+        loop {
+            // Deploy a generation.
+            let (index, restored) =
+                restore_latest(&cfg, &self.graph).map_err(|e| format!("restore: {e}"))?;
+            let opts = DeployOptions {
+                restore: &index,
+                faults: faults.clone(),
+                incarnation_base: generation.0 << 32,
+                batch_size: cfg.batch_size,
+                channel_capacity: None,
+            };
+            let deployed = match self.graph.deploy(&opts) {
+                Ok(d) => d,
+                Err(crate::message::TaskError::Injected(_)) => {
+                    // A sink failed during recovery: a failover before the generation ran.
+                    generation = generation.next();
+                    self.store
+                        .write_meta(&JobMeta {
+                            job_fingerprint: FINGERPRINT.into(),
+                            generation,
+                            epoch_lease_end: lease_end,
+                        })
+                        .map_err(|e| e.to_string())?;
+                    continue;
+                }
+                Err(e) => return Err(format!("deploy: {e}")),
+            };
+            drop(index);
+            let metas: Vec<(OperatorId, u32, u32, Option<KeyGroupRange>)> = deployed
+                .iter()
+                .map(|d| {
+                    let st = &self.graph.stages[d.stage];
+                    let keyed = st
+                        .inputs
+                        .first()
+                        .is_some_and(|e| self.graph.edges[*e].kind == EdgeKind::Hash);
+                    (
+                        OperatorId::new(st.uid.clone()),
+                        d.subtask,
+                        st.parallelism,
+                        keyed.then(|| {
+                            KeyGroupRange::for_subtask(
+                                self.graph.max_parallelism,
+                                st.parallelism,
+                                d.subtask,
+                            )
+                        }),
+                    )
+                })
+                .collect();
+            let ids: Vec<TaskId> = deployed.iter().map(|d| d.task.id).collect();
+            let sources: Vec<TaskId> = deployed
+                .iter()
+                .filter(|d| d.task.is_source())
+                .map(|d| d.task.id)
+                .collect();
+            let coord = match coordinator.as_mut() {
+                None => {
+                    coordinator = Some(Coordinator::new(
+                        cfg.checkpoint.clone(),
+                        generation,
+                        ids,
+                        sources.clone(),
+                        start.first,
+                        lease_end,
+                        restored,
+                        self.now,
+                    ));
+                    coordinator.as_mut().expect("set")
+                }
+                Some(c) => {
+                    let mut out = Vec::new();
+                    c.restart(
+                        generation,
+                        ids,
+                        sources.clone(),
+                        restored,
+                        self.now,
+                        &mut out,
+                    );
+                    for d in out {
+                        if let Decision::Abort { checkpoint, .. } = d {
+                            let _ = self.store.discard(checkpoint);
+                        }
+                    }
+                    c
+                }
+            };
+            let mut tasks: Vec<Option<Task>> = deployed.into_iter().map(|d| Some(d.task)).collect();
+            match run_generation_sim(
+                self,
+                coord,
+                &mut tasks,
+                &metas,
+                generation,
+                &mut lease_end,
+                &cfg,
+            )? {
+                GenEnd::Finished => return Ok(Life::Finished),
+                GenEnd::ProcessCrash => return Ok(Life::Crashed),
+                GenEnd::FailOver => {
+                    self.report.failovers += 1;
+                    for t in tasks.iter_mut().flatten() {
+                        t.cancel();
+                    }
+                    generation = generation.next();
+                    self.store
+                        .write_meta(&JobMeta {
+                            job_fingerprint: FINGERPRINT.into(),
+                            generation,
+                            epoch_lease_end: lease_end,
+                        })
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+        }
+    }
+
+    /// The checkpoint just committed must be a consistent cut: the join's per-key counts equal the
+    /// records before the sources' recorded offsets (exactly-once), or cover them (at-least-once).
+    fn check_cut(&mut self, id: CheckpointId) -> Result<(), String> {
+        let (index, manifest) = load_checkpoint(&*self.store, &self.graph, FINGERPRINT, id)
+            .map_err(|e| format!("reading back {id}: {e}"))?;
+        if manifest.tasks.len() != self.graph.task_count() {
+            return Err(format!(
+                "checkpoint {id} has {} task states for {} tasks",
+                manifest.tasks.len(),
+                self.graph.task_count()
+            ));
+        }
+        let offsets = |uid: &str| -> Vec<(u32, u32, u64)> {
+            index
+                .elements
+                .get(uid)
+                .map(|parts| {
+                    parts
+                        .iter()
+                        .map(|p| match &p.state {
+                            ElementState::Plain(b) => (
+                                p.subtask,
+                                p.parallelism,
+                                postcard::from_bytes::<u64>(b).expect("offset"),
+                            ),
+                            _ => panic!("source offset is keyed"),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut want: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        for (sub, par, off) in offsets("left") {
+            let mut i = sub as u64;
+            while i < off.min(self.o.left_records) {
+                want.entry(left_key(i, self.o.keys)).or_default().0 += 1;
+                i += par as u64;
+            }
+        }
+        for (_, _, off) in offsets("right") {
+            for i in 0..off.min(self.o.right_records) {
+                want.entry(right_key(i, self.o.keys)).or_default().1 += 1;
+            }
+        }
+        let mut have: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        for p in index
+            .elements
+            .get("join")
+            .map(|v| v.as_slice())
+            .unwrap_or(&[])
+        {
+            let ElementState::Keyed { groups, .. } = &p.state else {
+                return Err("join state is not keyed".into());
+            };
+            for (kg, blob) in groups {
+                let mut b = blob.as_slice();
+                while !b.is_empty() {
+                    let ((k, v), rest): ((u64, (u64, u64)), &[u8]) =
+                        postcard::take_from_bytes(b).map_err(|e| e.to_string())?;
+                    assert_eq!(
+                        crate::state::key_group_of_hash(
+                            stable_hash(&k),
+                            self.graph.max_parallelism
+                        ),
+                        *kg
+                    );
+                    have.insert(k, v);
+                    b = rest;
+                }
+            }
+        }
+        let ok = match self.o.mode {
+            CheckpointMode::ExactlyOnce => have == want,
+            CheckpointMode::AtLeastOnce => want
+                .iter()
+                .all(|(k, (l, r))| have.get(k).is_some_and(|(hl, hr)| hl >= l && hr >= r)),
+        };
+        if !ok {
+            return Err(format!("checkpoint {id} is not a consistent cut: state {have:?}, the offsets imply {want:?}"));
+        }
+        self.report.cuts_checked += 1;
+        Ok(())
+    }
+}
+
+enum Life {
+    Finished,
+    Crashed,
+}
+
+enum GenEnd {
+    Finished,
+    FailOver,
+    ProcessCrash,
+}
+
+fn diff(want: &[String], got: &[String]) -> String {
+    let mut w: BTreeMap<&str, i64> = BTreeMap::new();
+    for s in want {
+        *w.entry(s).or_default() += 1;
+    }
+    for s in got {
+        *w.entry(s).or_default() -= 1;
+    }
+    let missing: Vec<&str> = w
+        .iter()
+        .filter(|(_, c)| **c > 0)
+        .map(|(s, _)| *s)
+        .take(5)
+        .collect();
+    let extra: Vec<&str> = w
+        .iter()
+        .filter(|(_, c)| **c < 0)
+        .map(|(s, _)| *s)
+        .take(5)
+        .collect();
+    format!("{} records expected, {} committed; missing e.g. {missing:?}; duplicated/unexpected e.g. {extra:?}", want.len(), got.len())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_generation_sim(
+    sim: &mut Sim,
+    coord: &mut Coordinator<TaskStateHandle>,
+    tasks: &mut [Option<Task>],
+    metas: &[(OperatorId, u32, u32, Option<KeyGroupRange>)],
+    generation: Generation,
+    lease_end: &mut CheckpointId,
+    cfg: &RunConfig,
+) -> Result<GenEnd, String> {
+    let store = sim.store.clone();
+    let mut controls: Vec<VecDeque<Control>> = tasks.iter().map(|_| VecDeque::new()).collect();
+    let mut writes: Vec<PendingWrite> = Vec::new();
+    let mut events: VecDeque<SimEvent> = VecDeque::new();
+    let mut work: VecDeque<Decision<TaskStateHandle>> = VecDeque::new();
+    let mut out = Vec::new();
+    loop {
+        sim.report.steps += 1;
+        if sim.report.steps > sim.o.max_steps {
+            return Err(format!(
+                "seed {}: no completion after {} steps (livelock or deadlock)",
+                sim.seed, sim.o.max_steps
+            ));
+        }
+        if sim.chance(sim.o.process_crash_ppm) {
+            return Ok(GenEnd::ProcessCrash);
+        }
+        // Pick one enabled action at random.
+        let mut failed: Option<(TaskId, String)> = None;
+        let choice = sim.rand(100);
+        {
+            let mut env = SimEnv {
+                now: sim.now,
+                generation,
+                writes: &mut writes,
+                events: &mut events,
+                metas,
+            };
+            if choice < 45 {
+                // Deliver one data message on a random (task, readable input) that has one.
+                let mut cands = Vec::new();
+                for (ti, t) in tasks.iter().enumerate() {
+                    let Some(t) = t else { continue };
+                    if t.is_source() {
+                        if t.source_phase() == SourcePhase::Reading {
+                            cands.push((ti, None));
+                        }
+                    } else {
+                        for i in 0..t.inputs() {
+                            if t.readable(i) && t.has_message(i) {
+                                cands.push((ti, Some(i)));
+                            }
+                        }
+                    }
+                }
+                if !cands.is_empty() {
+                    let (ti, input) = cands[sim.rand(cands.len() as u64) as usize];
+                    let t = tasks[ti].as_mut().expect("alive");
+                    let r = match input {
+                        None => t
+                            .step_source(&mut env)
+                            .map(|s| debug_assert!(s != SourceStatus::Idle)),
+                        Some(i) => t.step_input(i, &mut env).map(|_| ()),
+                    };
+                    if let Err(e) = r {
+                        failed = Some((t.id, e.to_string()));
+                    }
+                }
+            } else if choice < 60 {
+                // Deliver one control message (per task in order).
+                let cands: Vec<usize> = (0..tasks.len())
+                    .filter(|i| tasks[*i].is_some() && !controls[*i].is_empty())
+                    .collect();
+                if !cands.is_empty() {
+                    let ti = cands[sim.rand(cands.len() as u64) as usize];
+                    let c = controls[ti].pop_front().expect("non-empty");
+                    let t = tasks[ti].as_mut().expect("alive");
+                    if let Err(e) = t.on_control(c, &mut env) {
+                        failed = Some((t.id, e.to_string()));
+                    }
+                }
+            } else if choice < 72 {
+                // Complete one pending snapshot write, in any order.
+                if !env.writes.is_empty() {
+                    let w = env
+                        .writes
+                        .swap_remove(sim.rand(env.writes.len() as u64) as usize);
+                    let ev = match w
+                        .snap
+                        .encode()
+                        .map_err(|e| e.to_string())
+                        .and_then(|payload| {
+                            store
+                                .write_task_state(
+                                    w.barrier.checkpoint,
+                                    &w.operator,
+                                    SubtaskIndex(w.subtask),
+                                    w.parallelism,
+                                    w.key_groups,
+                                    &payload,
+                                )
+                                .map_err(|e| e.to_string())
+                        }) {
+                        Ok(handle) => Event::Acked {
+                            generation: w.generation,
+                            checkpoint: w.barrier.checkpoint,
+                            task: w.task,
+                            report: handle,
+                        },
+                        Err(reason) => Event::Declined {
+                            generation: w.generation,
+                            checkpoint: w.barrier.checkpoint,
+                            task: w.task,
+                            reason,
+                        },
+                    };
+                    let _ = w.timings;
+                    env.events.push_back(SimEvent::Coord(ev));
+                }
+            } else if choice < 80 {
+                // Flush a random task's partial batches.
+                let ti = sim.rand(tasks.len() as u64) as usize;
+                if let Some(t) = tasks[ti].as_mut() {
+                    if let Err(e) = t.flush() {
+                        failed = Some((t.id, e.to_string()));
+                    }
+                }
+            } else if choice < 81 && sim.chance(sim.o.task_crash_ppm * 100) {
+                let ti = sim.rand(tasks.len() as u64) as usize;
+                if let Some(t) = tasks[ti].as_ref() {
+                    failed = Some((t.id, "crashed by the simulation".into()));
+                }
+            } else {
+                // Time passes.
+                sim.now = sim.now.plus_ms(sim.rand(3));
+                env.events.push_back(SimEvent::Coord(Event::Tick));
+            }
+        }
+        if let Some((task, reason)) = failed {
+            tasks[task.0 as usize] = None; // the task is gone
+            events.push_back(SimEvent::Coord(Event::TaskFailed {
+                generation,
+                task,
+                reason,
+            }));
+        }
+        // Quiescent? Flush everything so that partial batches cannot stall the job.
+        // Feed events to the coordinator and carry out its decisions.
+        while let Some(SimEvent::Coord(e)) = events.pop_front() {
+            coord.handle(sim.now, e, &mut out);
+            work.extend(out.drain(..));
+            while let Some(d) = work.pop_front() {
+                match d {
+                    Decision::ExtendLease { lease_end: end } => {
+                        store
+                            .write_meta(&JobMeta {
+                                job_fingerprint: FINGERPRINT.into(),
+                                generation,
+                                epoch_lease_end: end,
+                            })
+                            .map_err(|e| e.to_string())?;
+                        *lease_end = end;
+                        coord.handle(sim.now, Event::LeaseExtended { lease_end: end }, &mut out);
+                    }
+                    Decision::Trigger { barrier } => {
+                        if let Some(l) = sim.last_triggered {
+                            assert!(
+                                barrier.checkpoint > l,
+                                "epoch {} triggered after {l}: reused or reordered",
+                                barrier.checkpoint
+                            );
+                        }
+                        sim.last_triggered = Some(barrier.checkpoint);
+                        for (i, t) in tasks.iter().enumerate() {
+                            if t.as_ref().is_some_and(|t| t.is_source()) {
+                                controls[i].push_back(Control::Trigger(barrier));
+                            }
+                        }
+                    }
+                    Decision::CommitManifest {
+                        checkpoint,
+                        kind,
+                        generation: g,
+                        reports,
+                    } => {
+                        assert_eq!(g, generation);
+                        let handles: Vec<TaskStateHandle> =
+                            reports.into_iter().map(|(_, h)| h).collect();
+                        let m = Manifest::new(
+                            FINGERPRINT,
+                            checkpoint,
+                            g,
+                            sim.now.0,
+                            kind == SnapshotKind::Final,
+                            handles,
+                        );
+                        match store.commit_manifest(&m) {
+                            Ok(()) => {
+                                sim.check_cut(checkpoint)?;
+                                coord.handle(
+                                    sim.now,
+                                    Event::ManifestCommitted { checkpoint },
+                                    &mut out,
+                                );
+                            }
+                            Err(e) => coord.handle(
+                                sim.now,
+                                Event::ManifestFailed {
+                                    checkpoint,
+                                    reason: e.to_string(),
+                                },
+                                &mut out,
+                            ),
+                        }
+                    }
+                    Decision::NotifyComplete { checkpoint } => {
+                        sim.report.checkpoints_completed += 1;
+                        for (i, t) in tasks.iter().enumerate() {
+                            if t.is_some() {
+                                controls[i].push_back(Control::Complete(checkpoint));
+                            }
+                        }
+                        store
+                            .gc(cfg.retain, &coord.pending())
+                            .map_err(|e| e.to_string())?;
+                    }
+                    Decision::Abort { checkpoint, .. } => {
+                        for (i, t) in tasks.iter().enumerate() {
+                            if t.is_some() {
+                                controls[i].push_back(Control::Abort(checkpoint));
+                            }
+                        }
+                        let _ = store.discard(checkpoint);
+                    }
+                    Decision::FailOver { .. } => return Ok(GenEnd::FailOver),
+                    Decision::JobFinished { checkpoint } => {
+                        store.mark_finished(checkpoint).map_err(|e| e.to_string())?;
+                        return Ok(GenEnd::Finished);
+                    }
+                }
+                work.extend(out.drain(..));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_free_run_produces_the_expected_output() {
+        let o = SimOptions {
+            task_crash_ppm: 0,
+            process_crash_ppm: 0,
+            fault_point_ppm: 0,
+            storage_fail_ppm: 0,
+            ..Default::default()
+        };
+        for seed in 0..20 {
+            let r = run_seed(seed, &o).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            assert_eq!(r.failovers, 0);
+            assert!(r.checkpoints_completed >= 1);
+        }
+    }
+}

@@ -1,0 +1,494 @@
+//! Sinks: the two-phase [`Sink`] contract, the chain element that drives it, and the built-in sinks.
+//!
+//! The contract: records are written into an open transaction; at a barrier the transaction is
+//! *prepared* (made durable but invisible) and its committable is stored in the checkpoint; when a
+//! checkpoint completes, everything prepared up to it is *committed* (idempotently); after a restore,
+//! *recover* commits what the restored checkpoint prepared and discards anything newer. A completed
+//! checkpoint covers every older one, so a lost or late notification loses nothing.
+//!
+//! This module does not decide when checkpoints complete; it reacts to the task's control hooks.
+
+use crate::emit::Emit;
+use crate::fault::{FaultPoint, Faults};
+use crate::message::TaskError;
+use crate::state::{encode_plain, RestoreIndex, SnapshotBuilder};
+use cutline_core::barrier::Barrier;
+use cutline_core::CheckpointId;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// Where a sink instance runs.
+#[derive(Clone, Debug)]
+pub struct SinkContext {
+    /// The sink's stable id.
+    pub uid: String,
+    pub subtask: u32,
+    pub parallelism: u32,
+    /// Unique for every incarnation of the task, across restarts and processes.
+    pub incarnation: u64,
+}
+
+/// A two-phase-commit sink. See the module docs for the contract.
+pub trait Sink<T>: Send + 'static {
+    /// A handle to a prepared transaction, stored in checkpoints.
+    type Committable: Serialize + DeserializeOwned + Clone + Send + std::fmt::Debug + 'static;
+
+    /// Called once before anything else, after a restore or at a fresh start.
+    fn open(&mut self, ctx: &SinkContext) -> Result<(), String>;
+    /// Commit `to_commit` (prepared by the restored, complete checkpoint) and discard every other
+    /// uncommitted transaction of this subtask.
+    fn recover(&mut self, to_commit: &[Self::Committable]) -> Result<(), String>;
+    /// Write one record into the open transaction.
+    fn write(&mut self, item: T) -> Result<(), String>;
+    /// Make the open transaction durable but invisible; `None` if it is empty.
+    fn prepare(&mut self, checkpoint: CheckpointId) -> Result<Option<Self::Committable>, String>;
+    /// Make prepared transactions visible. Must be idempotent: a committable may be committed again
+    /// after a crash.
+    fn commit(&mut self, committables: &[Self::Committable]) -> Result<(), String>;
+    /// The task is going away without finishing: drop the open transaction (best effort).
+    fn abort(&mut self) {}
+}
+
+/// Drives a [`Sink`] from the task's chain.
+pub(crate) struct SinkEmit<T, S: Sink<T>> {
+    uid: String,
+    sink: S,
+    /// Prepared, not yet committed: part of every snapshot until committed.
+    uncommitted: BTreeMap<CheckpointId, S::Committable>,
+    faults: Faults,
+    _t: std::marker::PhantomData<fn(T)>,
+}
+
+impl<T: Send + 'static, S: Sink<T>> SinkEmit<T, S> {
+    pub fn open(
+        mut sink: S,
+        ctx: SinkContext,
+        restore: &RestoreIndex,
+        faults: Faults,
+    ) -> Result<Self, TaskError> {
+        let uid = ctx.uid.clone();
+        let err = |m: String| TaskError::Sink {
+            uid: uid.clone(),
+            message: m,
+        };
+        sink.open(&ctx).map_err(err)?;
+        let restored: BTreeMap<CheckpointId, S::Committable> =
+            match restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
+                Some(bytes) => postcard::from_bytes(bytes)
+                    .map_err(|e| err(format!("decoding sink state: {e}")))?,
+                None => BTreeMap::new(),
+            };
+        if let Some(c) = restore.checkpoint {
+            assert!(
+                restored.keys().all(|k| *k <= c),
+                "{uid}: restored committables newer than checkpoint {c}"
+            );
+        }
+        let to_commit: Vec<S::Committable> = restored.into_values().collect();
+        faults.check(FaultPoint::SinkRecover)?;
+        sink.recover(&to_commit).map_err(err)?;
+        Ok(SinkEmit {
+            uid,
+            sink,
+            uncommitted: BTreeMap::new(),
+            faults,
+            _t: std::marker::PhantomData,
+        })
+    }
+}
+
+impl<T: Send + 'static, S: Sink<T>> Emit<T> for SinkEmit<T, S> {
+    #[inline]
+    fn emit(&mut self, item: T) -> Result<(), TaskError> {
+        self.sink.write(item).map_err(|m| TaskError::Sink {
+            uid: self.uid.clone(),
+            message: m,
+        })
+    }
+    fn flush(&mut self) -> Result<(), TaskError> {
+        Ok(())
+    }
+    fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
+        self.faults.check(FaultPoint::SinkPrepare)?;
+        if let Some(c) = self
+            .sink
+            .prepare(b.checkpoint)
+            .map_err(|m| TaskError::Sink {
+                uid: self.uid.clone(),
+                message: m,
+            })?
+        {
+            let prev = self.uncommitted.insert(b.checkpoint, c);
+            assert!(
+                prev.is_none(),
+                "{}: prepared twice for {}",
+                self.uid,
+                b.checkpoint
+            );
+        }
+        snap.add(&self.uid, encode_plain(&self.uid, &self.uncommitted)?);
+        Ok(())
+    }
+    fn on_end(&mut self) -> Result<(), TaskError> {
+        Ok(())
+    }
+    fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError> {
+        let done: Vec<CheckpointId> = self
+            .uncommitted
+            .range(..=checkpoint)
+            .map(|(k, _)| *k)
+            .collect();
+        if done.is_empty() {
+            return Ok(());
+        }
+        let batch: Vec<S::Committable> = done.iter().map(|k| self.uncommitted[k].clone()).collect();
+        self.faults.check(FaultPoint::SinkCommit)?;
+        let (first, rest) = batch.split_at(1);
+        self.sink.commit(first).map_err(|m| TaskError::Sink {
+            uid: self.uid.clone(),
+            message: m,
+        })?;
+        // A crash here leaves the commit half done; recovery must finish it.
+        self.faults.check(FaultPoint::SinkCommitMidway)?;
+        self.sink.commit(rest).map_err(|m| TaskError::Sink {
+            uid: self.uid.clone(),
+            message: m,
+        })?;
+        for k in done {
+            self.uncommitted.remove(&k);
+        }
+        Ok(())
+    }
+    fn on_cancel(&mut self) {
+        self.sink.abort();
+    }
+}
+
+/// Writes one line per record into files in a directory, exactly once: records go to a pending file in
+/// `DIR/.pending/`, which is fsynced at the barrier and renamed to `DIR/part-<uid>-<subtask>-<checkpoint>`
+/// when the checkpoint completes. Readers of `DIR` see only committed files.
+pub struct TransactionalFileSink<T> {
+    dir: PathBuf,
+    format: Arc<dyn Fn(&T, &mut Vec<u8>) + Send + Sync>,
+    ctx: Option<SinkContext>,
+    open: Option<(String, BufWriter<File>)>,
+    seq: u64,
+    line: Vec<u8>,
+}
+
+/// A prepared file of a [`TransactionalFileSink`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingFile {
+    pub pending: String,
+    pub final_name: String,
+}
+
+pub(crate) const PENDING_DIR: &str = ".pending";
+
+impl<T> TransactionalFileSink<T> {
+    /// `format` appends one record's bytes (without the newline) to the buffer.
+    pub fn new(
+        dir: impl Into<PathBuf>,
+        format: impl Fn(&T, &mut Vec<u8>) + Send + Sync + 'static,
+    ) -> Self {
+        TransactionalFileSink {
+            dir: dir.into(),
+            format: Arc::new(format),
+            ctx: None,
+            open: None,
+            seq: 0,
+            line: Vec::new(),
+        }
+    }
+
+    fn pending_dir(&self) -> PathBuf {
+        self.dir.join(PENDING_DIR)
+    }
+
+    fn prefix(&self) -> String {
+        let c = self.ctx.as_ref().expect("opened");
+        format!("{}-{}-", c.uid, c.subtask)
+    }
+}
+
+impl<T> Clone for TransactionalFileSink<T> {
+    fn clone(&self) -> Self {
+        TransactionalFileSink {
+            dir: self.dir.clone(),
+            format: self.format.clone(),
+            ctx: None,
+            open: None,
+            seq: 0,
+            line: Vec::new(),
+        }
+    }
+}
+
+fn io_err(what: &str, p: &Path, e: std::io::Error) -> String {
+    format!("{what} {}: {e}", p.display())
+}
+
+fn fsync_dir(p: &Path) -> Result<(), String> {
+    File::open(p)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io_err("fsync of directory", p, e))
+}
+
+impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
+    type Committable = PendingFile;
+
+    fn open(&mut self, ctx: &SinkContext) -> Result<(), String> {
+        fs::create_dir_all(self.pending_dir())
+            .map_err(|e| io_err("cannot create", &self.pending_dir(), e))?;
+        self.ctx = Some(ctx.clone());
+        Ok(())
+    }
+
+    fn recover(&mut self, to_commit: &[PendingFile]) -> Result<(), String> {
+        self.commit(to_commit)?;
+        let keep: BTreeSet<&str> = to_commit.iter().map(|c| c.pending.as_str()).collect();
+        let prefix = self.prefix();
+        let dir = self.pending_dir();
+        for entry in fs::read_dir(&dir).map_err(|e| io_err("cannot list", &dir, e))? {
+            let entry = entry.map_err(|e| io_err("cannot list", &dir, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&prefix) && !keep.contains(name.as_str()) {
+                fs::remove_file(entry.path())
+                    .map_err(|e| io_err("cannot discard", &entry.path(), e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, item: T) -> Result<(), String> {
+        if self.open.is_none() {
+            let c = self.ctx.as_ref().expect("opened");
+            let name = format!("{}{}-{}.pending", self.prefix(), c.incarnation, self.seq);
+            self.seq += 1;
+            let path = self.pending_dir().join(&name);
+            let f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(|e| io_err("cannot create", &path, e))?;
+            self.open = Some((name, BufWriter::with_capacity(1 << 16, f)));
+        }
+        self.line.clear();
+        (self.format)(&item, &mut self.line);
+        self.line.push(b'\n');
+        let (_, w) = self.open.as_mut().expect("just opened");
+        w.write_all(&self.line)
+            .map_err(|e| format!("writing pending output: {e}"))
+    }
+
+    fn prepare(&mut self, checkpoint: CheckpointId) -> Result<Option<PendingFile>, String> {
+        let Some((name, w)) = self.open.take() else {
+            return Ok(None);
+        };
+        let f = w
+            .into_inner()
+            .map_err(|e| format!("flushing pending output: {e}"))?;
+        f.sync_all()
+            .map_err(|e| format!("fsync of pending output: {e}"))?;
+        let c = self.ctx.as_ref().expect("opened");
+        Ok(Some(PendingFile {
+            pending: name,
+            final_name: format!("part-{}-{}-{:012}", c.uid, c.subtask, checkpoint.0),
+        }))
+    }
+
+    fn commit(&mut self, committables: &[PendingFile]) -> Result<(), String> {
+        if committables.is_empty() {
+            return Ok(());
+        }
+        for c in committables {
+            let from = self.pending_dir().join(&c.pending);
+            let to = self.dir.join(&c.final_name);
+            match fs::rename(&from, &to) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && to.exists() => {} // committed before
+                Err(e) => return Err(io_err("cannot commit", &from, e)),
+            }
+        }
+        fsync_dir(&self.dir)
+    }
+
+    fn abort(&mut self) {
+        if let Some((name, _)) = self.open.take() {
+            let _ = fs::remove_file(self.pending_dir().join(name));
+        }
+    }
+}
+
+/// Prints every record to standard output as it arrives (at-least-once: after a failure, records since
+/// the last checkpoint are printed again). For demos.
+pub struct PrintSink<T> {
+    prefix: String,
+    _t: std::marker::PhantomData<fn(T)>,
+}
+
+impl<T> PrintSink<T> {
+    pub fn new(prefix: impl Into<String>) -> Self {
+        PrintSink {
+            prefix: prefix.into(),
+            _t: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T: std::fmt::Display + Send + 'static> Sink<T> for PrintSink<T> {
+    type Committable = ();
+    fn open(&mut self, _ctx: &SinkContext) -> Result<(), String> {
+        Ok(())
+    }
+    fn recover(&mut self, _c: &[()]) -> Result<(), String> {
+        Ok(())
+    }
+    fn write(&mut self, item: T) -> Result<(), String> {
+        println!("{}{item}", self.prefix);
+        Ok(())
+    }
+    fn prepare(&mut self, _c: CheckpointId) -> Result<Option<()>, String> {
+        Ok(None)
+    }
+    fn commit(&mut self, _c: &[()]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Drops every record (benchmarks).
+#[derive(Clone, Default)]
+pub struct DiscardSink;
+
+impl<T: Send + 'static> Sink<T> for DiscardSink {
+    type Committable = ();
+    fn open(&mut self, _ctx: &SinkContext) -> Result<(), String> {
+        Ok(())
+    }
+    fn recover(&mut self, _c: &[()]) -> Result<(), String> {
+        Ok(())
+    }
+    #[inline]
+    fn write(&mut self, item: T) -> Result<(), String> {
+        std::hint::black_box(item);
+        Ok(())
+    }
+    fn prepare(&mut self, _c: CheckpointId) -> Result<Option<()>, String> {
+        Ok(None)
+    }
+    fn commit(&mut self, _c: &[()]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// An in-memory transactional store standing in for an external system with prepared transactions
+/// (it outlives task crashes): used by the simulation and by tests.
+#[derive(Default, Debug)]
+pub struct MemoryTxnStore {
+    prepared: BTreeMap<String, Vec<String>>,
+    /// Committed transactions in commit order: (transaction key, records).
+    committed: Vec<(String, Vec<String>)>,
+    committed_keys: BTreeSet<String>,
+}
+
+impl MemoryTxnStore {
+    /// Every committed record, in commit order.
+    pub fn committed_records(&self) -> Vec<String> {
+        self.committed
+            .iter()
+            .flat_map(|(_, r)| r.iter().cloned())
+            .collect()
+    }
+    pub fn prepared_count(&self) -> usize {
+        self.prepared.len()
+    }
+}
+
+/// A sink into a shared [`MemoryTxnStore`]; records are formatted with `Display`.
+pub struct MemoryTxnSink {
+    store: Arc<Mutex<MemoryTxnStore>>,
+    ctx: Option<SinkContext>,
+    open: Vec<String>,
+    seq: u64,
+}
+
+impl Clone for MemoryTxnSink {
+    /// A fresh, unopened sink into the same store.
+    fn clone(&self) -> Self {
+        MemoryTxnSink::new(self.store.clone())
+    }
+}
+
+impl MemoryTxnSink {
+    pub fn new(store: Arc<Mutex<MemoryTxnStore>>) -> Self {
+        MemoryTxnSink {
+            store,
+            ctx: None,
+            open: Vec::new(),
+            seq: 0,
+        }
+    }
+    fn prefix(&self) -> String {
+        let c = self.ctx.as_ref().expect("opened");
+        format!("{}-{}-", c.uid, c.subtask)
+    }
+}
+
+impl<T: std::fmt::Display + Send + 'static> Sink<T> for MemoryTxnSink {
+    type Committable = String;
+    fn open(&mut self, ctx: &SinkContext) -> Result<(), String> {
+        self.ctx = Some(ctx.clone());
+        Ok(())
+    }
+    fn recover(&mut self, to_commit: &[String]) -> Result<(), String> {
+        <Self as Sink<T>>::commit(self, to_commit)?;
+        let prefix = self.prefix();
+        let mut s = self.store.lock().expect("store lock");
+        s.prepared.retain(|k, _| !k.starts_with(&prefix));
+        Ok(())
+    }
+    fn write(&mut self, item: T) -> Result<(), String> {
+        self.open.push(item.to_string());
+        Ok(())
+    }
+    fn prepare(&mut self, _checkpoint: CheckpointId) -> Result<Option<String>, String> {
+        if self.open.is_empty() {
+            return Ok(None);
+        }
+        let c = self.ctx.as_ref().expect("opened");
+        let key = format!("{}{}-{}", self.prefix(), c.incarnation, self.seq);
+        self.seq += 1;
+        let records = std::mem::take(&mut self.open);
+        let mut s = self.store.lock().expect("store lock");
+        assert!(
+            !s.committed_keys.contains(&key) && !s.prepared.contains_key(&key),
+            "transaction key {key} reused"
+        );
+        s.prepared.insert(key.clone(), records);
+        Ok(Some(key))
+    }
+    fn commit(&mut self, committables: &[String]) -> Result<(), String> {
+        let mut s = self.store.lock().expect("store lock");
+        for key in committables {
+            if s.committed_keys.contains(key) {
+                continue; // idempotent
+            }
+            let Some(records) = s.prepared.remove(key) else {
+                return Err(format!(
+                    "prepared transaction {key} is gone: committed output would be lost"
+                ));
+            };
+            s.committed_keys.insert(key.clone());
+            s.committed.push((key.clone(), records));
+        }
+        Ok(())
+    }
+    fn abort(&mut self) {
+        self.open.clear();
+    }
+}
