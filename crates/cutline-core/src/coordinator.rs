@@ -360,8 +360,6 @@ impl<R: Clone> Coordinator<R> {
         self.consecutive_failures = 0;
         self.last_trigger_at = None;
         self.last_end_at = Some(now);
-        // A lease extension asked for by the old generation may have been dropped with it: ask again.
-        self.lease_requested = false;
         self.phase = Phase::Running;
     }
 
