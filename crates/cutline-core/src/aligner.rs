@@ -46,10 +46,7 @@ pub struct Aligner {
 
 impl Aligner {
     pub fn new(inputs: usize) -> Aligner {
-        assert!(
-            inputs >= 1,
-            "a task without inputs (a source) has no aligner"
-        );
+        assert!(inputs >= 1, "a task without inputs (a source) has no aligner");
         Aligner {
             blocked: vec![false; inputs],
             ended: vec![false; inputs],
@@ -89,33 +86,18 @@ impl Aligner {
     /// Input `input` delivered `barrier` at time `now`.
     pub fn on_barrier(&mut self, input: usize, barrier: Barrier, now: TimeMs) -> AlignAction {
         let id = barrier.checkpoint;
-        assert!(
-            !self.ended[input],
-            "barrier {id} on input {input} after its end-of-stream"
-        );
-        assert!(
-            !self.blocked[input],
-            "barrier {id} read from blocked input {input}"
-        );
+        assert!(!self.ended[input], "barrier {id} on input {input} after its end-of-stream");
+        assert!(!self.blocked[input], "barrier {id} read from blocked input {input}");
         if let Some(last) = self.last_on_input[input] {
-            assert!(
-                id > last,
-                "barrier {id} after {last} on input {input}: barriers reordered on a channel"
-            );
+            assert!(id > last, "barrier {id} after {last} on input {input}: barriers reordered on a channel");
         }
         if let Some(last) = self.last_snapshot {
-            assert!(
-                id > last,
-                "barrier {id} after this task already snapshotted {last}"
-            );
+            assert!(id > last, "barrier {id} after this task already snapshotted {last}");
         }
         self.last_on_input[input] = Some(id);
         if barrier.mode == CheckpointMode::ExactlyOnce {
             if let Some(current) = self.aligning() {
-                assert_eq!(
-                    current, id,
-                    "exactly-once: barrier {id} while still aligning {current}"
-                );
+                assert_eq!(current, id, "exactly-once: barrier {id} while still aligning {current}");
             }
         }
         let inputs = self.inputs();
@@ -138,10 +120,7 @@ impl Aligner {
     /// Input `input` delivered end-of-stream: it counts as aligned for every barrier from now on.
     pub fn on_end_of_input(&mut self, input: usize, now: TimeMs) -> AlignAction {
         assert!(!self.ended[input], "end-of-stream twice on input {input}");
-        assert!(
-            !self.blocked[input],
-            "end-of-stream read from blocked input {input}"
-        );
+        assert!(!self.blocked[input], "end-of-stream read from blocked input {input}");
         self.ended[input] = true;
         // A pending barrier this input already delivered must not count it twice.
         for p in self.pending.values_mut() {
@@ -169,10 +148,7 @@ impl Aligner {
         // In at-least-once mode a later checkpoint may have been delivered on some inputs already; it
         // stays pending. In exactly-once mode nothing else can be pending.
         if p.barrier.mode == CheckpointMode::ExactlyOnce {
-            assert!(
-                self.pending.is_empty(),
-                "exactly-once: other barriers pending beside {id}"
-            );
+            assert!(self.pending.is_empty(), "exactly-once: other barriers pending beside {id}");
         }
         self.last_snapshot = Some(id);
         AlignAction::Snapshot {
@@ -207,11 +183,7 @@ mod tests {
         assert!(!a.is_readable(1) && a.is_readable(0) && a.is_readable(2));
         assert_eq!(a.on_barrier(0, b(5, eo), TimeMs(12)), AlignAction::Wait);
         match a.on_barrier(2, b(5, eo), TimeMs(17)) {
-            AlignAction::Snapshot {
-                alignment_ms,
-                start_delay_ms,
-                ..
-            } => {
+            AlignAction::Snapshot { alignment_ms, start_delay_ms, .. } => {
                 assert_eq!(alignment_ms, 7);
                 assert_eq!(start_delay_ms, 10);
             }
@@ -240,14 +212,8 @@ mod tests {
         let mut a = Aligner::new(2);
         let eo = CheckpointMode::ExactlyOnce;
         assert_eq!(a.on_barrier(0, b(3, eo), TimeMs(0)), AlignAction::Wait);
-        assert!(matches!(
-            a.on_end_of_input(1, TimeMs(1)),
-            AlignAction::Snapshot { .. }
-        ));
-        assert!(matches!(
-            a.on_barrier(0, b(4, eo), TimeMs(2)),
-            AlignAction::Snapshot { .. }
-        ));
+        assert!(matches!(a.on_end_of_input(1, TimeMs(1)), AlignAction::Snapshot { .. }));
+        assert!(matches!(a.on_barrier(0, b(4, eo), TimeMs(2)), AlignAction::Snapshot { .. }));
         assert!(!a.all_ended());
         assert_eq!(a.on_end_of_input(0, TimeMs(3)), AlignAction::Wait);
         assert!(a.all_ended());

@@ -21,9 +21,7 @@ impl std::str::FromStr for CheckpointMode {
         match s {
             "exactly-once" => Ok(CheckpointMode::ExactlyOnce),
             "at-least-once" => Ok(CheckpointMode::AtLeastOnce),
-            other => Err(format!(
-                "unknown checkpoint mode {other:?}: use exactly-once or at-least-once"
-            )),
+            other => Err(format!("unknown checkpoint mode {other:?}: use exactly-once or at-least-once")),
         }
     }
 }

@@ -74,42 +74,19 @@ pub enum Event<R> {
     /// Time passed; periodic triggers and timeouts are evaluated.
     Tick,
     /// A task's part of `checkpoint` is durable.
-    Acked {
-        generation: Generation,
-        checkpoint: CheckpointId,
-        task: TaskId,
-        report: R,
-    },
+    Acked { generation: Generation, checkpoint: CheckpointId, task: TaskId, report: R },
     /// A task could not take its part of `checkpoint` (for example a storage write failed).
-    Declined {
-        generation: Generation,
-        checkpoint: CheckpointId,
-        task: TaskId,
-        reason: String,
-    },
+    Declined { generation: Generation, checkpoint: CheckpointId, task: TaskId, reason: String },
     /// A task died.
-    TaskFailed {
-        generation: Generation,
-        task: TaskId,
-        reason: String,
-    },
+    TaskFailed { generation: Generation, task: TaskId, reason: String },
     /// A bounded source read its last record.
-    SourceFinished {
-        generation: Generation,
-        task: TaskId,
-    },
+    SourceFinished { generation: Generation, task: TaskId },
     /// A task saw end of input everywhere, its final checkpoint is complete and its sinks committed.
-    TaskFinished {
-        generation: Generation,
-        task: TaskId,
-    },
+    TaskFinished { generation: Generation, task: TaskId },
     /// The manifest asked for by [`Decision::CommitManifest`] is durable: the checkpoint is complete.
     ManifestCommitted { checkpoint: CheckpointId },
     /// The manifest write failed (it may or may not be durable; storage is the judge at restore).
-    ManifestFailed {
-        checkpoint: CheckpointId,
-        reason: String,
-    },
+    ManifestFailed { checkpoint: CheckpointId, reason: String },
     /// The lease asked for by [`Decision::ExtendLease`] is durable.
     LeaseExtended { lease_end: CheckpointId },
 }
@@ -136,12 +113,7 @@ pub enum AbortReason {
 impl AbortReason {
     /// Does this abort count against [`CheckpointConfig::tolerable_failures`]?
     pub fn counts_as_failure(&self) -> bool {
-        matches!(
-            self,
-            AbortReason::Timeout { .. }
-                | AbortReason::Declined { .. }
-                | AbortReason::ManifestFailed(_)
-        )
+        matches!(self, AbortReason::Timeout { .. } | AbortReason::Declined { .. } | AbortReason::ManifestFailed(_))
     }
 }
 
@@ -153,19 +125,11 @@ pub enum Decision<R> {
     /// Inject this barrier at every source task.
     Trigger { barrier: Barrier },
     /// Every task acked: write the manifest (the commit point), then report the outcome.
-    CommitManifest {
-        checkpoint: CheckpointId,
-        kind: SnapshotKind,
-        generation: Generation,
-        reports: Vec<(TaskId, R)>,
-    },
+    CommitManifest { checkpoint: CheckpointId, kind: SnapshotKind, generation: Generation, reports: Vec<(TaskId, R)> },
     /// The checkpoint is complete: tell every task (sinks commit everything up to it) and collect garbage.
     NotifyComplete { checkpoint: CheckpointId },
     /// Tell tasks the checkpoint will never complete and discard its partial artifacts.
-    Abort {
-        checkpoint: CheckpointId,
-        reason: AbortReason,
-    },
+    Abort { checkpoint: CheckpointId, reason: AbortReason },
     /// Tear the job down and restore it from the latest complete checkpoint.
     FailOver { reason: String },
     /// The final checkpoint is complete and every task finished: the job is done.
@@ -261,10 +225,7 @@ impl<R: Clone> Coordinator<R> {
         assert!(sources.is_subset(&tasks));
         assert!(first_id <= lease_end);
         if let Some(l) = last_completed {
-            assert!(
-                l < first_id,
-                "first epoch {first_id} not above the restored {l}"
-            );
+            assert!(l < first_id, "first epoch {first_id} not above the restored {l}");
         }
         Coordinator {
             config,
@@ -337,11 +298,7 @@ impl<R: Clone> Coordinator<R> {
         now: TimeMs,
         out: &mut Vec<Decision<R>>,
     ) {
-        assert!(
-            generation > self.generation,
-            "generation {generation} not above {}",
-            self.generation
-        );
+        assert!(generation > self.generation, "generation {generation} not above {}", self.generation);
         self.abort_all(now, AbortReason::FailOver, out);
         self.generation = generation;
         self.tasks = tasks.into_iter().collect();
@@ -351,11 +308,7 @@ impl<R: Clone> Coordinator<R> {
         self.finished_tasks.clear();
         self.last_completed = restored;
         if let Some(r) = restored {
-            assert!(
-                r < self.next_id,
-                "restored checkpoint {r} not below next epoch {}",
-                self.next_id
-            );
+            assert!(r < self.next_id, "restored checkpoint {r} not below next epoch {}", self.next_id);
         }
         self.consecutive_failures = 0;
         self.last_trigger_at = None;
@@ -367,20 +320,12 @@ impl<R: Clone> Coordinator<R> {
     pub fn handle(&mut self, now: TimeMs, event: Event<R>, out: &mut Vec<Decision<R>>) {
         match event {
             Event::Tick => self.on_tick(now, out),
-            Event::Acked {
-                generation,
-                checkpoint,
-                task,
-                report,
-            } => {
+            Event::Acked { generation, checkpoint, task, report } => {
                 if generation != self.generation {
                     return; // a late message from an older generation
                 }
                 assert!(self.tasks.contains(&task), "ack from unknown {task}");
-                assert!(
-                    checkpoint < self.next_id,
-                    "ack for {checkpoint}, never triggered"
-                );
+                assert!(checkpoint < self.next_id, "ack for {checkpoint}, never triggered");
                 let Some(p) = self.pending.get_mut(&checkpoint) else {
                     return; // aborted or subsumed meanwhile
                 };
@@ -397,12 +342,7 @@ impl<R: Clone> Coordinator<R> {
                     });
                 }
             }
-            Event::Declined {
-                generation,
-                checkpoint,
-                task,
-                reason,
-            } => {
+            Event::Declined { generation, checkpoint, task, reason } => {
                 if generation != self.generation || !self.pending.contains_key(&checkpoint) {
                     return;
                 }
@@ -416,15 +356,8 @@ impl<R: Clone> Coordinator<R> {
                     self.fail_over(now, why, out);
                 }
             }
-            Event::TaskFailed {
-                generation,
-                task,
-                reason,
-            } => {
-                if generation != self.generation
-                    || self.phase == Phase::FailingOver
-                    || self.phase == Phase::Finished
-                {
+            Event::TaskFailed { generation, task, reason } => {
+                if generation != self.generation || self.phase == Phase::FailingOver || self.phase == Phase::Finished {
                     return;
                 }
                 self.fail_over(now, format!("{task} failed: {reason}"), out);
@@ -442,17 +375,12 @@ impl<R: Clone> Coordinator<R> {
                     return; // sent before the failover was decided
                 }
                 let Phase::Draining(final_id) = self.phase else {
-                    panic!(
-                        "{task} finished before the final checkpoint completed (phase {:?})",
-                        self.phase
-                    );
+                    panic!("{task} finished before the final checkpoint completed (phase {:?})", self.phase);
                 };
                 self.finished_tasks.insert(task);
                 if self.finished_tasks.len() == self.tasks.len() {
                     self.phase = Phase::Finished;
-                    out.push(Decision::JobFinished {
-                        checkpoint: final_id,
-                    });
+                    out.push(Decision::JobFinished { checkpoint: final_id });
                 }
             }
             Event::ManifestCommitted { checkpoint } => self.on_committed(checkpoint, now, out),
@@ -460,23 +388,11 @@ impl<R: Clone> Coordinator<R> {
                 let Some(p) = self.pending.get(&checkpoint) else {
                     return;
                 };
-                assert!(
-                    p.committing,
-                    "manifest outcome for {checkpoint}, which was not committing"
-                );
+                assert!(p.committing, "manifest outcome for {checkpoint}, which was not committing");
                 let is_final = p.barrier.kind == SnapshotKind::Final;
-                self.abort(
-                    checkpoint,
-                    now,
-                    AbortReason::ManifestFailed(reason.clone()),
-                    out,
-                );
+                self.abort(checkpoint, now, AbortReason::ManifestFailed(reason.clone()), out);
                 if is_final && self.phase != Phase::FailingOver {
-                    self.fail_over(
-                        now,
-                        format!("final checkpoint {checkpoint} failed: {reason}"),
-                        out,
-                    );
+                    self.fail_over(now, format!("final checkpoint {checkpoint} failed: {reason}"), out);
                 }
             }
             Event::LeaseExtended { lease_end } => {
@@ -493,22 +409,15 @@ impl<R: Clone> Coordinator<R> {
         let expired: Vec<CheckpointId> = self
             .pending
             .iter()
-            .filter(|(_, p)| {
-                !p.committing
-                    && now.saturating_sub(p.barrier.triggered_at) >= self.config.timeout_ms
-            })
+            .filter(|(_, p)| !p.committing && now.saturating_sub(p.barrier.triggered_at) >= self.config.timeout_ms)
             .map(|(id, _)| *id)
             .collect();
         for id in expired {
             if self.phase == Phase::FailingOver {
                 break;
             }
-            let missing: Vec<TaskId> = self
-                .tasks
-                .iter()
-                .filter(|t| !self.pending[&id].acks.contains_key(t))
-                .copied()
-                .collect();
+            let missing: Vec<TaskId> =
+                self.tasks.iter().filter(|t| !self.pending[&id].acks.contains_key(t)).copied().collect();
             let is_final = self.pending[&id].barrier.kind == SnapshotKind::Final;
             self.abort(id, now, AbortReason::Timeout { missing }, out);
             if is_final && self.phase != Phase::FailingOver {
@@ -558,40 +467,21 @@ impl<R: Clone> Coordinator<R> {
         }
         if !self.lease_requested {
             self.lease_requested = true;
-            out.push(Decision::ExtendLease {
-                lease_end: CheckpointId(self.lease_end.0 + EPOCH_LEASE_BLOCK),
-            });
+            out.push(Decision::ExtendLease { lease_end: CheckpointId(self.lease_end.0 + EPOCH_LEASE_BLOCK) });
         }
         false
     }
 
-    fn issue(
-        &mut self,
-        now: TimeMs,
-        kind: SnapshotKind,
-        out: &mut Vec<Decision<R>>,
-    ) -> CheckpointId {
+    fn issue(&mut self, now: TimeMs, kind: SnapshotKind, out: &mut Vec<Decision<R>>) -> CheckpointId {
         let id = self.next_id;
         assert!(id < self.lease_end, "epoch {id} outside the durable lease");
         if let Some(l) = self.last_completed {
             assert!(id > l);
         }
         self.next_id = id.next();
-        let barrier = Barrier {
-            checkpoint: id,
-            generation: self.generation,
-            triggered_at: now,
-            kind,
-            mode: self.config.mode,
-        };
-        self.pending.insert(
-            id,
-            Pending {
-                barrier,
-                acks: BTreeMap::new(),
-                committing: false,
-            },
-        );
+        let barrier =
+            Barrier { checkpoint: id, generation: self.generation, triggered_at: now, kind, mode: self.config.mode };
+        self.pending.insert(id, Pending { barrier, acks: BTreeMap::new(), committing: false });
         self.last_trigger_at = Some(now);
         out.push(Decision::Trigger { barrier });
         id
@@ -603,11 +493,7 @@ impl<R: Clone> Coordinator<R> {
         };
         assert!(p.committing, "{checkpoint} committed without every ack");
         assert_eq!(p.acks.len(), self.tasks.len());
-        let slowest = p
-            .acks
-            .iter()
-            .max_by_key(|(_, (_, at))| *at)
-            .map(|(t, _)| *t);
+        let slowest = p.acks.iter().max_by_key(|(_, (_, at))| *at).map(|(t, _)| *t);
         self.record(p.barrier, now, Outcome::Completed, slowest, p.acks.len());
         self.completed_count += 1;
         self.consecutive_failures = 0;
@@ -616,12 +502,8 @@ impl<R: Clone> Coordinator<R> {
         if newer {
             self.last_completed = Some(checkpoint);
             // Older pending checkpoints are subsumed: the newer one covers everything they would have.
-            let older: Vec<CheckpointId> = self
-                .pending
-                .range(..checkpoint)
-                .filter(|(_, p)| !p.committing)
-                .map(|(id, _)| *id)
-                .collect();
+            let older: Vec<CheckpointId> =
+                self.pending.range(..checkpoint).filter(|(_, p)| !p.committing).map(|(id, _)| *id).collect();
             for id in older {
                 self.abort(id, now, AbortReason::Subsumed { by: checkpoint }, out);
             }
@@ -635,31 +517,13 @@ impl<R: Clone> Coordinator<R> {
         }
     }
 
-    fn abort(
-        &mut self,
-        id: CheckpointId,
-        now: TimeMs,
-        reason: AbortReason,
-        out: &mut Vec<Decision<R>>,
-    ) {
-        let p = self
-            .pending
-            .remove(&id)
-            .expect("abort of a checkpoint not pending");
+    fn abort(&mut self, id: CheckpointId, now: TimeMs, reason: AbortReason, out: &mut Vec<Decision<R>>) {
+        let p = self.pending.remove(&id).expect("abort of a checkpoint not pending");
         let slowest = self.tasks.iter().find(|t| !p.acks.contains_key(t)).copied();
-        self.record(
-            p.barrier,
-            now,
-            Outcome::Aborted(reason.clone()),
-            slowest,
-            p.acks.len(),
-        );
+        self.record(p.barrier, now, Outcome::Aborted(reason.clone()), slowest, p.acks.len());
         self.last_end_at = Some(now);
         let counts = reason.counts_as_failure();
-        out.push(Decision::Abort {
-            checkpoint: id,
-            reason,
-        });
+        out.push(Decision::Abort { checkpoint: id, reason });
         if counts {
             self.failed_count += 1;
             self.consecutive_failures += 1;
@@ -670,10 +534,7 @@ impl<R: Clone> Coordinator<R> {
                 let n = self.consecutive_failures;
                 self.fail_over(
                     now,
-                    format!(
-                        "{n} consecutive checkpoint failures (tolerable: {})",
-                        self.config.tolerable_failures
-                    ),
+                    format!("{n} consecutive checkpoint failures (tolerable: {})", self.config.tolerable_failures),
                     out,
                 );
             }
@@ -690,26 +551,14 @@ impl<R: Clone> Coordinator<R> {
     fn fail_over(&mut self, now: TimeMs, reason: String, out: &mut Vec<Decision<R>>) {
         self.phase = Phase::FailingOver;
         // Checkpoints whose manifest is being written stay with storage as the judge; the rest are aborted.
-        let ids: Vec<CheckpointId> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| !p.committing)
-            .map(|(id, _)| *id)
-            .collect();
+        let ids: Vec<CheckpointId> = self.pending.iter().filter(|(_, p)| !p.committing).map(|(id, _)| *id).collect();
         for id in ids {
             self.abort(id, now, AbortReason::FailOver, out);
         }
         out.push(Decision::FailOver { reason });
     }
 
-    fn record(
-        &mut self,
-        barrier: Barrier,
-        now: TimeMs,
-        outcome: Outcome,
-        slowest_task: Option<TaskId>,
-        acked: usize,
-    ) {
+    fn record(&mut self, barrier: Barrier, now: TimeMs, outcome: Outcome, slowest_task: Option<TaskId>, acked: usize) {
         if self.history.len() == STATS_HISTORY {
             self.history.pop_front();
         }

@@ -7,9 +7,7 @@ use std::fmt;
 /// The number of a checkpoint, which is also its epoch: barriers carry it, tasks snapshot under it,
 /// storage files are named after it. Strictly increasing for the whole life of a job, across restarts
 /// and process deaths (see `EpochLease` in the coordinator).
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
 pub struct CheckpointId(pub u64);
 
 impl CheckpointId {
@@ -27,9 +25,7 @@ impl fmt::Display for CheckpointId {
 /// One incarnation of the running job. Every restart (in-process or after a process death) starts a new
 /// generation; every message between tasks and coordinator carries it and the coordinator ignores
 /// messages from older generations.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
 pub struct Generation(pub u64);
 
 impl Generation {
@@ -130,9 +126,7 @@ pub fn subtask_for_key_group(max_parallelism: u32, parallelism: u32, kg: KeyGrou
 }
 
 /// Milliseconds on the caller's clock. The pure cores never read a clock: time is an input.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
 pub struct TimeMs(pub u64);
 
 impl TimeMs {

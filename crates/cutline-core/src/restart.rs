@@ -14,12 +14,7 @@ pub enum RestartStrategy {
     /// Wait `delay_ms` before each restart; give up after `max_attempts` consecutive failures.
     FixedDelay { delay_ms: u64, max_attempts: u32 },
     /// Wait `initial_ms`, then twice as long each time up to `max_ms`; give up after `max_attempts`.
-    ExponentialBackoff {
-        initial_ms: u64,
-        max_ms: u64,
-        max_attempts: u32,
-        reset_after_ms: u64,
-    },
+    ExponentialBackoff { initial_ms: u64, max_ms: u64, max_attempts: u32, reset_after_ms: u64 },
 }
 
 impl Default for RestartStrategy {
@@ -52,11 +47,7 @@ pub struct RestartTracker {
 
 impl RestartTracker {
     pub fn new(strategy: RestartStrategy) -> RestartTracker {
-        RestartTracker {
-            strategy,
-            attempts: 0,
-            last_restart_at: None,
-        }
+        RestartTracker { strategy, attempts: 0, last_restart_at: None }
     }
 
     pub fn attempts(&self) -> u32 {
@@ -76,31 +67,17 @@ impl RestartTracker {
         self.last_restart_at = Some(now);
         let attempt = self.attempts;
         match self.strategy {
-            RestartStrategy::None => RestartDecision::GiveUp {
-                attempts: attempt - 1,
-            },
-            RestartStrategy::FixedDelay {
-                delay_ms,
-                max_attempts,
-            } => {
+            RestartStrategy::None => RestartDecision::GiveUp { attempts: attempt - 1 },
+            RestartStrategy::FixedDelay { delay_ms, max_attempts } => {
                 if attempt > max_attempts {
-                    RestartDecision::GiveUp {
-                        attempts: attempt - 1,
-                    }
+                    RestartDecision::GiveUp { attempts: attempt - 1 }
                 } else {
                     RestartDecision::RestartAfter { delay_ms, attempt }
                 }
             }
-            RestartStrategy::ExponentialBackoff {
-                initial_ms,
-                max_ms,
-                max_attempts,
-                ..
-            } => {
+            RestartStrategy::ExponentialBackoff { initial_ms, max_ms, max_attempts, .. } => {
                 if attempt > max_attempts {
-                    return RestartDecision::GiveUp {
-                        attempts: attempt - 1,
-                    };
+                    return RestartDecision::GiveUp { attempts: attempt - 1 };
                 }
                 let shift = (attempt - 1).min(40);
                 let delay_ms = initial_ms.saturating_mul(1u64 << shift).min(max_ms);
@@ -134,19 +111,11 @@ pub fn choose_restore(mut candidates: Vec<Candidate>) -> RestoreChoice {
     let mut skipped = Vec::new();
     for c in candidates {
         match c.verified {
-            Ok(()) => {
-                return RestoreChoice {
-                    checkpoint: Some(c.checkpoint),
-                    skipped,
-                }
-            }
+            Ok(()) => return RestoreChoice { checkpoint: Some(c.checkpoint), skipped },
             Err(reason) => skipped.push((c.checkpoint, reason)),
         }
     }
-    RestoreChoice {
-        checkpoint: None,
-        skipped,
-    }
+    RestoreChoice { checkpoint: None, skipped }
 }
 
 #[cfg(test)]
@@ -165,22 +134,10 @@ mod tests {
         assert_eq!(
             delays,
             vec![
-                RestartDecision::RestartAfter {
-                    delay_ms: 100,
-                    attempt: 1
-                },
-                RestartDecision::RestartAfter {
-                    delay_ms: 200,
-                    attempt: 2
-                },
-                RestartDecision::RestartAfter {
-                    delay_ms: 350,
-                    attempt: 3
-                },
-                RestartDecision::RestartAfter {
-                    delay_ms: 350,
-                    attempt: 4
-                },
+                RestartDecision::RestartAfter { delay_ms: 100, attempt: 1 },
+                RestartDecision::RestartAfter { delay_ms: 200, attempt: 2 },
+                RestartDecision::RestartAfter { delay_ms: 350, attempt: 3 },
+                RestartDecision::RestartAfter { delay_ms: 350, attempt: 4 },
                 RestartDecision::GiveUp { attempts: 4 },
             ]
         );
@@ -196,60 +153,27 @@ mod tests {
         });
         t.on_failure(TimeMs(0));
         t.on_failure(TimeMs(100));
-        assert_eq!(
-            t.on_failure(TimeMs(10_000)),
-            RestartDecision::RestartAfter {
-                delay_ms: 10,
-                attempt: 1
-            }
-        );
+        assert_eq!(t.on_failure(TimeMs(10_000)), RestartDecision::RestartAfter { delay_ms: 10, attempt: 1 });
     }
 
     #[test]
     fn fixed_delay_and_none() {
-        let mut t = RestartTracker::new(RestartStrategy::FixedDelay {
-            delay_ms: 7,
-            max_attempts: 1,
-        });
-        assert_eq!(
-            t.on_failure(TimeMs(0)),
-            RestartDecision::RestartAfter {
-                delay_ms: 7,
-                attempt: 1
-            }
-        );
-        assert_eq!(
-            t.on_failure(TimeMs(1)),
-            RestartDecision::GiveUp { attempts: 1 }
-        );
+        let mut t = RestartTracker::new(RestartStrategy::FixedDelay { delay_ms: 7, max_attempts: 1 });
+        assert_eq!(t.on_failure(TimeMs(0)), RestartDecision::RestartAfter { delay_ms: 7, attempt: 1 });
+        assert_eq!(t.on_failure(TimeMs(1)), RestartDecision::GiveUp { attempts: 1 });
         let mut n = RestartTracker::new(RestartStrategy::None);
-        assert_eq!(
-            n.on_failure(TimeMs(0)),
-            RestartDecision::GiveUp { attempts: 0 }
-        );
+        assert_eq!(n.on_failure(TimeMs(0)), RestartDecision::GiveUp { attempts: 0 });
     }
 
     #[test]
     fn restore_skips_newer_broken_checkpoints_with_a_warning() {
         let choice = choose_restore(vec![
-            Candidate {
-                checkpoint: CheckpointId(3),
-                verified: Ok(()),
-            },
-            Candidate {
-                checkpoint: CheckpointId(5),
-                verified: Err("checksum".into()),
-            },
-            Candidate {
-                checkpoint: CheckpointId(4),
-                verified: Ok(()),
-            },
+            Candidate { checkpoint: CheckpointId(3), verified: Ok(()) },
+            Candidate { checkpoint: CheckpointId(5), verified: Err("checksum".into()) },
+            Candidate { checkpoint: CheckpointId(4), verified: Ok(()) },
         ]);
         assert_eq!(choice.checkpoint, Some(CheckpointId(4)));
-        assert_eq!(
-            choice.skipped,
-            vec![(CheckpointId(5), "checksum".to_string())]
-        );
+        assert_eq!(choice.skipped, vec![(CheckpointId(5), "checksum".to_string())]);
         assert_eq!(choose_restore(vec![]).checkpoint, None);
     }
 }

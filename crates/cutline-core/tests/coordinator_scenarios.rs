@@ -28,20 +28,13 @@ const DECLINE_REASON: &str = "disk full";
 const MANIFEST_ERROR: &str = "bucket unavailable";
 
 fn timeout(missing: &[u32]) -> AbortReason {
-    AbortReason::Timeout {
-        missing: missing.iter().map(|&t| TaskId(t)).collect(),
-    }
+    AbortReason::Timeout { missing: missing.iter().map(|&t| TaskId(t)).collect() }
 }
 fn declined(task: u32) -> AbortReason {
-    AbortReason::Declined {
-        task: TaskId(task),
-        reason: DECLINE_REASON.into(),
-    }
+    AbortReason::Declined { task: TaskId(task), reason: DECLINE_REASON.into() }
 }
 fn subsumed(by: u64) -> AbortReason {
-    AbortReason::Subsumed {
-        by: CheckpointId(by),
-    }
+    AbortReason::Subsumed { by: CheckpointId(by) }
 }
 fn manifest_failed() -> AbortReason {
     AbortReason::ManifestFailed(MANIFEST_ERROR.into())
@@ -131,15 +124,7 @@ impl Job {
             None,
             TimeMs(now),
         );
-        Scenario {
-            c,
-            now,
-            gen: 1,
-            tasks,
-            sources,
-            sender_gen: None,
-            queue: VecDeque::new(),
-        }
+        Scenario { c, now, gen: 1, tasks, sources, sender_gen: None, queue: VecDeque::new() }
     }
 }
 
@@ -160,11 +145,7 @@ impl Scenario {
     // --- time and events ---
 
     fn at(&mut self, now: u64) -> &mut Self {
-        assert!(
-            now >= self.now,
-            "time runs forward: t={now} after t={}",
-            self.now
-        );
+        assert!(now >= self.now, "time runs forward: t={now} after t={}", self.now);
         self.now = now;
         self
     }
@@ -226,25 +207,15 @@ impl Scenario {
     }
     fn fail(&mut self, task: u32) -> &mut Self {
         let g = self.sender();
-        self.feed(Event::TaskFailed {
-            generation: g,
-            task: TaskId(task),
-            reason: "killed".into(),
-        })
+        self.feed(Event::TaskFailed { generation: g, task: TaskId(task), reason: "killed".into() })
     }
     fn source_finished(&mut self, task: u32) -> &mut Self {
         let g = self.sender();
-        self.feed(Event::SourceFinished {
-            generation: g,
-            task: TaskId(task),
-        })
+        self.feed(Event::SourceFinished { generation: g, task: TaskId(task) })
     }
     fn task_finished(&mut self, task: u32) -> &mut Self {
         let g = self.sender();
-        self.feed(Event::TaskFinished {
-            generation: g,
-            task: TaskId(task),
-        })
+        self.feed(Event::TaskFinished { generation: g, task: TaskId(task) })
     }
     fn all_tasks_finished(&mut self) -> &mut Self {
         for task in self.tasks.clone() {
@@ -253,20 +224,13 @@ impl Scenario {
         self
     }
     fn manifest_ok(&mut self, id: u64) -> &mut Self {
-        self.feed(Event::ManifestCommitted {
-            checkpoint: CheckpointId(id),
-        })
+        self.feed(Event::ManifestCommitted { checkpoint: CheckpointId(id) })
     }
     fn manifest_failed(&mut self, id: u64) -> &mut Self {
-        self.feed(Event::ManifestFailed {
-            checkpoint: CheckpointId(id),
-            reason: MANIFEST_ERROR.into(),
-        })
+        self.feed(Event::ManifestFailed { checkpoint: CheckpointId(id), reason: MANIFEST_ERROR.into() })
     }
     fn lease_extended(&mut self, lease_end: u64) -> &mut Self {
-        self.feed(Event::LeaseExtended {
-            lease_end: CheckpointId(lease_end),
-        })
+        self.feed(Event::LeaseExtended { lease_end: CheckpointId(lease_end) })
     }
     /// Start the next generation with the same tasks, restoring `restored`.
     fn restart(&mut self, restored: Option<u64>) -> &mut Self {
@@ -286,36 +250,22 @@ impl Scenario {
     }
     /// Every task acks `id`, its manifest commits, and it is announced complete.
     fn complete(&mut self, id: u64) -> &mut Self {
-        self.ack_all(id)
-            .expect_commit(id)
-            .manifest_ok(id)
-            .expect_notify(id)
+        self.ack_all(id).expect_commit(id).manifest_ok(id).expect_notify(id)
     }
     fn complete_final(&mut self, id: u64) -> &mut Self {
-        self.ack_all(id)
-            .expect_final_commit(id)
-            .manifest_ok(id)
-            .expect_notify(id)
+        self.ack_all(id).expect_final_commit(id).manifest_ok(id).expect_notify(id)
     }
 
     // --- expectations: each claims the next decision ---
 
     fn next(&mut self, what: &str) -> Decision<Report> {
-        self.queue.pop_front().unwrap_or_else(|| {
-            panic!(
-                "t={}: expected {what}, but no further decision was made",
-                self.now
-            )
-        })
+        self.queue
+            .pop_front()
+            .unwrap_or_else(|| panic!("t={}: expected {what}, but no further decision was made", self.now))
     }
     /// Nothing (more) was decided.
     fn quiet(&mut self) -> &mut Self {
-        assert!(
-            self.queue.is_empty(),
-            "t={}: unexpected decisions {:?}",
-            self.now,
-            self.queue
-        );
+        assert!(self.queue.is_empty(), "t={}: unexpected decisions {:?}", self.now, self.queue);
         self
     }
     fn expect_trigger(&mut self, id: u64) -> &mut Self {
@@ -325,10 +275,7 @@ impl Scenario {
         self.expect_trigger_of(id, SnapshotKind::Final)
     }
     fn expect_trigger_of(&mut self, id: u64, kind: SnapshotKind) -> &mut Self {
-        let what = format!(
-            "a {kind:?} trigger of chk-{id} in gen-{} at t={}",
-            self.gen, self.now
-        );
+        let what = format!("a {kind:?} trigger of chk-{id} in gen-{} at t={}", self.gen, self.now);
         match self.next(&what) {
             Decision::Trigger { barrier }
                 if barrier.checkpoint == CheckpointId(id)
@@ -348,27 +295,13 @@ impl Scenario {
     }
     /// CommitManifest for `id`, carrying every task's own report exactly once.
     fn expect_commit_of(&mut self, id: u64, kind: SnapshotKind) -> &mut Self {
-        let want: Vec<(TaskId, Report)> = self
-            .tasks
-            .iter()
-            .map(|&t| (TaskId(t), report(self.gen, id, t)))
-            .collect();
+        let want: Vec<(TaskId, Report)> = self.tasks.iter().map(|&t| (TaskId(t), report(self.gen, id, t))).collect();
         let what = format!("CommitManifest of {kind:?} chk-{id} in gen-{}", self.gen);
         match self.next(&what) {
-            Decision::CommitManifest {
-                checkpoint,
-                kind: k,
-                generation,
-                reports,
-            } if checkpoint == CheckpointId(id)
-                && k == kind
-                && generation == Generation(self.gen) =>
+            Decision::CommitManifest { checkpoint, kind: k, generation, reports }
+                if checkpoint == CheckpointId(id) && k == kind && generation == Generation(self.gen) =>
             {
-                assert_eq!(
-                    reports, want,
-                    "t={}: chk-{id} must carry every task's report exactly once",
-                    self.now
-                )
+                assert_eq!(reports, want, "t={}: chk-{id} must carry every task's report exactly once", self.now)
             }
             other => panic!("t={}: expected {what}, got {other:?}", self.now),
         }
@@ -377,18 +310,14 @@ impl Scenario {
     fn expect_notify(&mut self, id: u64) -> &mut Self {
         match self.next(&format!("NotifyComplete of chk-{id}")) {
             Decision::NotifyComplete { checkpoint } if checkpoint == CheckpointId(id) => {}
-            other => panic!(
-                "t={}: expected NotifyComplete of chk-{id}, got {other:?}",
-                self.now
-            ),
+            other => panic!("t={}: expected NotifyComplete of chk-{id}, got {other:?}", self.now),
         }
         self
     }
     fn expect_abort(&mut self, id: u64, why: AbortReason) -> &mut Self {
         let what = format!("Abort of chk-{id} because {why:?}");
         match self.next(&what) {
-            Decision::Abort { checkpoint, reason }
-                if checkpoint == CheckpointId(id) && reason == why => {}
+            Decision::Abort { checkpoint, reason } if checkpoint == CheckpointId(id) && reason == why => {}
             other => panic!("t={}: expected {what}, got {other:?}", self.now),
         }
         self
@@ -399,10 +328,7 @@ impl Scenario {
     fn expect_failover_mentioning(&mut self, words: &str) -> &mut Self {
         match self.next("FailOver") {
             Decision::FailOver { reason } if reason.contains(words) => {}
-            other => panic!(
-                "t={}: expected FailOver mentioning {words:?}, got {other:?}",
-                self.now
-            ),
+            other => panic!("t={}: expected FailOver mentioning {words:?}, got {other:?}", self.now),
         }
         assert!(self.c.is_failing_over());
         self
@@ -410,20 +336,14 @@ impl Scenario {
     fn expect_extend_lease(&mut self, lease_end: u64) -> &mut Self {
         match self.next(&format!("ExtendLease to {lease_end}")) {
             Decision::ExtendLease { lease_end: e } if e == CheckpointId(lease_end) => {}
-            other => panic!(
-                "t={}: expected ExtendLease to {lease_end}, got {other:?}",
-                self.now
-            ),
+            other => panic!("t={}: expected ExtendLease to {lease_end}, got {other:?}", self.now),
         }
         self
     }
     fn expect_job_finished(&mut self, id: u64) -> &mut Self {
         match self.next(&format!("JobFinished at chk-{id}")) {
             Decision::JobFinished { checkpoint } if checkpoint == CheckpointId(id) => {}
-            other => panic!(
-                "t={}: expected JobFinished at chk-{id}, got {other:?}",
-                self.now
-            ),
+            other => panic!("t={}: expected JobFinished at chk-{id}, got {other:?}", self.now),
         }
         assert!(self.c.is_finished());
         self
@@ -433,21 +353,11 @@ impl Scenario {
 
     fn expect_pending(&mut self, ids: &[u64]) -> &mut Self {
         let want: Vec<CheckpointId> = ids.iter().map(|&i| CheckpointId(i)).collect();
-        assert_eq!(
-            self.c.pending(),
-            want,
-            "t={}: pending checkpoints",
-            self.now
-        );
+        assert_eq!(self.c.pending(), want, "t={}: pending checkpoints", self.now);
         self
     }
     fn expect_last_completed(&mut self, id: Option<u64>) -> &mut Self {
-        assert_eq!(
-            self.c.last_completed(),
-            id.map(CheckpointId),
-            "t={}: last completed",
-            self.now
-        );
+        assert_eq!(self.c.last_completed(), id.map(CheckpointId), "t={}: last completed", self.now);
         self
     }
     /// The statistics of `id` record `outcome` with `acked` acknowledgements.
@@ -458,11 +368,7 @@ impl Scenario {
             .filter(|s| s.checkpoint == CheckpointId(id))
             .last()
             .unwrap_or_else(|| panic!("no statistics for chk-{id}"));
-        assert_eq!(
-            (&s.outcome, s.acked),
-            (&outcome, acked),
-            "statistics of chk-{id}"
-        );
+        assert_eq!((&s.outcome, s.acked), (&outcome, acked), "statistics of chk-{id}");
         self
     }
 }
@@ -470,10 +376,7 @@ impl Scenario {
 impl Drop for Scenario {
     fn drop(&mut self) {
         if !std::thread::panicking() && !self.queue.is_empty() {
-            panic!(
-                "the scenario ended with unclaimed decisions: {:?}",
-                self.queue
-            );
+            panic!("the scenario ended with unclaimed decisions: {:?}", self.queue);
         }
     }
 }
@@ -521,9 +424,7 @@ fn trigger_times(cfg: CheckpointConfig, takes: Option<u64>, until: u64) -> Vec<u
                 };
                 c.handle(TimeMs(now), ack, &mut out);
             }
-            let done = Event::ManifestCommitted {
-                checkpoint: CheckpointId(id),
-            };
+            let done = Event::ManifestCommitted { checkpoint: CheckpointId(id) };
             c.handle(TimeMs(now), done, &mut out);
         }
         c.handle(TimeMs(now), Event::Tick, &mut out);
@@ -583,12 +484,7 @@ fn periodic_triggers_follow_interval_min_pause_and_max_concurrent() {
             tolerable_failures: 3,
             mode: CheckpointMode::ExactlyOnce,
         };
-        assert_eq!(
-            trigger_times(cfg, row.takes, 700),
-            row.triggers,
-            "{}",
-            row.what
-        );
+        assert_eq!(trigger_times(cfg, row.takes, 700), row.triggers, "{}", row.what);
     }
 }
 
@@ -1138,32 +1034,16 @@ impl Model {
         let n = 1 + rng.below(4) as u32;
         let k = 1 + rng.below(n as u64) as u32;
         let cfg = CheckpointConfig {
-            interval_ms: if rng.chance(85) {
-                Some(1 + rng.below(60))
-            } else {
-                None
-            },
+            interval_ms: if rng.chance(85) { Some(1 + rng.below(60)) } else { None },
             timeout_ms: 20 + rng.below(200),
             min_pause_ms: if rng.chance(50) { 0 } else { rng.below(50) },
             max_concurrent: 1 + rng.below(3) as usize,
             tolerable_failures: rng.below(4) as u32,
-            mode: if rng.chance(50) {
-                CheckpointMode::ExactlyOnce
-            } else {
-                CheckpointMode::AtLeastOnce
-            },
+            mode: if rng.chance(50) { CheckpointMode::ExactlyOnce } else { CheckpointMode::AtLeastOnce },
         };
         let first_id = 1 + rng.below(100);
-        let lease_end = if rng.chance(70) {
-            first_id + rng.below(4)
-        } else {
-            first_id + 1000
-        };
-        let restored = if first_id > 1 && rng.chance(50) {
-            Some(first_id - 1 - rng.below(first_id - 1))
-        } else {
-            None
-        };
+        let lease_end = if rng.chance(70) { first_id + rng.below(4) } else { first_id + 1000 };
+        let restored = if first_id > 1 && rng.chance(50) { Some(first_id - 1 - rng.below(first_id - 1)) } else { None };
         let now = rng.below(1000);
         let c = Coordinator::new(
             cfg.clone(),
@@ -1271,12 +1151,7 @@ impl Model {
         self.live
             .iter()
             .filter(|(_, a)| !a.committing)
-            .flat_map(|(&id, a)| {
-                self.tasks
-                    .iter()
-                    .filter(|t| !a.acks.contains(t))
-                    .map(move |&t| (id, t))
-            })
+            .flat_map(|(&id, a)| self.tasks.iter().filter(|t| !a.acks.contains(t)).map(move |&t| (id, t)))
             .collect()
     }
 
@@ -1307,12 +1182,7 @@ impl Model {
             .dead
             .iter()
             .filter(|(_, a)| a.gen == self.gen)
-            .flat_map(|(&id, a)| {
-                self.tasks
-                    .iter()
-                    .filter(|t| !a.acks.contains(t))
-                    .map(move |&t| (id, t))
-            })
+            .flat_map(|(&id, a)| self.tasks.iter().filter(|t| !a.acks.contains(t)).map(move |&t| (id, t)))
             .collect();
         let Some((id, task)) = self.rng.pick(&choices) else {
             self.feed(Event::Tick);
@@ -1342,10 +1212,7 @@ impl Model {
             task: TaskId(task),
             reason: DECLINE_REASON.into(),
         });
-        assert!(
-            !self.live.contains_key(&id),
-            "a decline left chk-{id} in flight"
-        );
+        assert!(!self.live.contains_key(&id), "a decline left chk-{id} in flight");
     }
 
     /// A message of an older generation: must be ignored (checked in `absorb`).
@@ -1358,31 +1225,11 @@ impl Model {
         let task = TaskId(self.rng.below(4) as u32);
         let id = CheckpointId(self.next_id.saturating_sub(self.rng.below(5)));
         let ev = match self.rng.below(5) {
-            0 => Event::Acked {
-                generation: g,
-                checkpoint: id,
-                task,
-                report: report(g.0, id.0, task.0),
-            },
-            1 => Event::Declined {
-                generation: g,
-                checkpoint: id,
-                task,
-                reason: DECLINE_REASON.into(),
-            },
-            2 => Event::TaskFailed {
-                generation: g,
-                task,
-                reason: "zombie".into(),
-            },
-            3 => Event::SourceFinished {
-                generation: g,
-                task,
-            },
-            _ => Event::TaskFinished {
-                generation: g,
-                task,
-            },
+            0 => Event::Acked { generation: g, checkpoint: id, task, report: report(g.0, id.0, task.0) },
+            1 => Event::Declined { generation: g, checkpoint: id, task, reason: DECLINE_REASON.into() },
+            2 => Event::TaskFailed { generation: g, task, reason: "zombie".into() },
+            3 => Event::SourceFinished { generation: g, task },
+            _ => Event::TaskFinished { generation: g, task },
         };
         self.feed(ev);
         self.count("stale messages ignored");
@@ -1395,14 +1242,9 @@ impl Model {
             return;
         };
         if self.rng.chance(70) {
-            self.feed(Event::ManifestCommitted {
-                checkpoint: CheckpointId(id),
-            });
+            self.feed(Event::ManifestCommitted { checkpoint: CheckpointId(id) });
         } else {
-            self.feed(Event::ManifestFailed {
-                checkpoint: CheckpointId(id),
-                reason: MANIFEST_ERROR.into(),
-            });
+            self.feed(Event::ManifestFailed { checkpoint: CheckpointId(id), reason: MANIFEST_ERROR.into() });
         }
     }
 
@@ -1410,9 +1252,7 @@ impl Model {
         match self.lease_req.take() {
             Some(end) => {
                 self.lease_end = end;
-                self.feed(Event::LeaseExtended {
-                    lease_end: CheckpointId(end),
-                });
+                self.feed(Event::LeaseExtended { lease_end: CheckpointId(end) });
             }
             None => {
                 self.feed(Event::Tick);
@@ -1421,12 +1261,7 @@ impl Model {
     }
 
     fn finish_source(&mut self) {
-        let choices: Vec<u32> = self
-            .sources
-            .iter()
-            .filter(|s| !self.sources_done.contains(s))
-            .copied()
-            .collect();
+        let choices: Vec<u32> = self.sources.iter().filter(|s| !self.sources_done.contains(s)).copied().collect();
         match self.rng.pick(&choices) {
             Some(s) => self.source_finished(s),
             None => {
@@ -1437,20 +1272,13 @@ impl Model {
 
     fn source_finished(&mut self, task: u32) {
         self.sources_done.insert(task);
-        self.feed(Event::SourceFinished {
-            generation: Generation(self.gen),
-            task: TaskId(task),
-        });
+        self.feed(Event::SourceFinished { generation: Generation(self.gen), task: TaskId(task) });
     }
 
     /// Tasks finish once they heard that the final checkpoint is complete (possibly racing a failover).
     fn finish_task(&mut self) {
         let choices: Vec<u32> = if self.final_done.is_some() {
-            self.tasks
-                .iter()
-                .filter(|t| !self.tasks_done.contains(t))
-                .copied()
-                .collect()
+            self.tasks.iter().filter(|t| !self.tasks_done.contains(t)).copied().collect()
         } else {
             Vec::new()
         };
@@ -1464,18 +1292,9 @@ impl Model {
 
     fn task_finished(&mut self, task: u32) {
         self.tasks_done.insert(task);
-        self.feed(Event::TaskFinished {
-            generation: Generation(self.gen),
-            task: TaskId(task),
-        });
-        if self.final_done.is_some()
-            && !self.failing_over
-            && self.tasks_done.len() == self.tasks.len()
-        {
-            assert!(
-                self.finished,
-                "every task finished after the final checkpoint, but no JobFinished"
-            );
+        self.feed(Event::TaskFinished { generation: Generation(self.gen), task: TaskId(task) });
+        if self.final_done.is_some() && !self.failing_over && self.tasks_done.len() == self.tasks.len() {
+            assert!(self.finished, "every task finished after the final checkpoint, but no JobFinished");
         }
     }
 
@@ -1485,10 +1304,7 @@ impl Model {
         let k = 1 + self.rng.below(n as u64) as u32;
         let gen = self.gen + 1;
         let restored = self.durable;
-        self.note(format!(
-            "t={} restart gen-{gen} with {n} tasks, {k} sources, restoring {restored:?}",
-            self.now
-        ));
+        self.note(format!("t={} restart gen-{gen} with {n} tasks, {k} sources, restoring {restored:?}", self.now));
         let mut out = Vec::new();
         self.c.restart(
             Generation(gen),
@@ -1499,11 +1315,7 @@ impl Model {
             &mut out,
         );
         self.absorb(None, out);
-        assert!(
-            self.live.is_empty(),
-            "restart left {:?} in flight",
-            self.live.keys()
-        );
+        assert!(self.live.is_empty(), "restart left {:?} in flight", self.live.keys());
         self.gen = gen;
         self.gen_start = self.now;
         self.tasks = (0..n).collect();
@@ -1530,14 +1342,9 @@ impl Model {
             for id in self.manifests.clone() {
                 // Once the job finished, late manifests of older checkpoints may still fail.
                 if self.finished && self.rng.chance(50) {
-                    self.feed(Event::ManifestFailed {
-                        checkpoint: CheckpointId(id),
-                        reason: MANIFEST_ERROR.into(),
-                    });
+                    self.feed(Event::ManifestFailed { checkpoint: CheckpointId(id), reason: MANIFEST_ERROR.into() });
                 } else {
-                    self.feed(Event::ManifestCommitted {
-                        checkpoint: CheckpointId(id),
-                    });
+                    self.feed(Event::ManifestCommitted { checkpoint: CheckpointId(id) });
                 }
             }
             if self.failing_over {
@@ -1547,9 +1354,7 @@ impl Model {
             }
             if let Some(end) = self.lease_req.take() {
                 self.lease_end = end;
-                self.feed(Event::LeaseExtended {
-                    lease_end: CheckpointId(end),
-                });
+                self.feed(Event::LeaseExtended { lease_end: CheckpointId(end) });
             }
             for s in self.sources.clone() {
                 if !self.sources_done.contains(&s) {
@@ -1570,20 +1375,10 @@ impl Model {
             self.feed(Event::Tick);
             self.check_mirror();
         }
-        assert!(
-            self.finished,
-            "liveness: input ended, nothing failed any more, yet the job never finished"
-        );
-        assert!(
-            self.live.is_empty(),
-            "checkpoints still in flight after the job finished: {:?}",
-            self.live.keys()
-        );
+        assert!(self.finished, "liveness: input ended, nothing failed any more, yet the job never finished");
+        assert!(self.live.is_empty(), "checkpoints still in flight after the job finished: {:?}", self.live.keys());
         for id in &self.triggered {
-            assert!(
-                self.ended.contains_key(id),
-                "chk-{id} was triggered but neither completed nor aborted"
-            );
+            assert!(self.ended.contains_key(id), "chk-{id} was triggered but neither completed nor aborted");
         }
         self.count("jobs finished");
     }
@@ -1604,17 +1399,11 @@ impl Model {
             self.note(format!("    -> {d:?}"));
         }
         if ev.and_then(event_generation).is_some_and(|g| g != self.gen) {
-            assert!(
-                out.is_empty(),
-                "a message of an older generation was not ignored: {out:?}"
-            );
+            assert!(out.is_empty(), "a message of an older generation was not ignored: {out:?}");
             return;
         }
         let restart = ev.is_none();
-        let tick_like = matches!(
-            ev,
-            Some(Event::Tick | Event::SourceFinished { .. } | Event::LeaseExtended { .. })
-        );
+        let tick_like = matches!(ev, Some(Event::Tick | Event::SourceFinished { .. } | Event::LeaseExtended { .. }));
         let failing_over_before = self.failing_over;
         let finished_before = self.finished;
         let n = out.len();
@@ -1625,14 +1414,8 @@ impl Model {
         for d in out {
             match d {
                 Decision::ExtendLease { lease_end } => {
-                    assert!(
-                        self.lease_req.is_none(),
-                        "ExtendLease while an extension is outstanding"
-                    );
-                    assert!(
-                        self.next_id >= self.lease_end,
-                        "lease extended before it ran out"
-                    );
+                    assert!(self.lease_req.is_none(), "ExtendLease while an extension is outstanding");
+                    assert!(self.next_id >= self.lease_end, "lease extended before it ran out");
                     assert_eq!(lease_end.0, self.lease_end + EPOCH_LEASE_BLOCK);
                     self.lease_req = Some(lease_end.0);
                     self.count("lease extensions");
@@ -1640,36 +1423,17 @@ impl Model {
                 Decision::Trigger { barrier } => {
                     triggered = true;
                     let id = barrier.checkpoint.0;
-                    assert!(
-                        !self.failing_over && !self.finished,
-                        "chk-{id} triggered while failing over or finished"
-                    );
-                    assert_eq!(
-                        barrier.generation,
-                        Generation(self.gen),
-                        "chk-{id}: generation"
-                    );
-                    assert_eq!(
-                        barrier.triggered_at,
-                        TimeMs(self.now),
-                        "chk-{id}: trigger time"
-                    );
+                    assert!(!self.failing_over && !self.finished, "chk-{id} triggered while failing over or finished");
+                    assert_eq!(barrier.generation, Generation(self.gen), "chk-{id}: generation");
+                    assert_eq!(barrier.triggered_at, TimeMs(self.now), "chk-{id}: trigger time");
                     assert_eq!(barrier.mode, self.cfg.mode, "chk-{id}: mode");
                     assert!(
                         self.last_trigger.is_none_or(|l| id > l),
                         "triggered ids must strictly increase: chk-{id} after chk-{:?}",
                         self.last_trigger
                     );
-                    assert!(
-                        id >= self.next_id,
-                        "chk-{id} reuses an epoch (next is {})",
-                        self.next_id
-                    );
-                    assert!(
-                        id < self.lease_end,
-                        "chk-{id} outside the durable lease {}",
-                        self.lease_end
-                    );
+                    assert!(id >= self.next_id, "chk-{id} reuses an epoch (next is {})", self.next_id);
+                    assert!(id < self.lease_end, "chk-{id} outside the durable lease {}", self.lease_end);
                     assert!(self.last_completed.is_none_or(|l| id > l));
                     let all_sources_done = self.sources_done.len() == self.sources.len();
                     match barrier.kind {
@@ -1678,10 +1442,8 @@ impl Model {
                                 !all_sources_done && self.final_id.is_none(),
                                 "periodic chk-{id} after end of input"
                             );
-                            let interval = self
-                                .cfg
-                                .interval_ms
-                                .expect("periodic trigger with periodic checkpoints off");
+                            let interval =
+                                self.cfg.interval_ms.expect("periodic trigger with periodic checkpoints off");
                             let since = self.now - self.last_trigger_at.unwrap_or(self.gen_start);
                             assert!(
                                 since >= interval,
@@ -1700,14 +1462,8 @@ impl Model {
                             );
                         }
                         SnapshotKind::Final => {
-                            assert!(
-                                all_sources_done,
-                                "final chk-{id} before every source finished"
-                            );
-                            assert!(
-                                self.final_id.is_none(),
-                                "a second final checkpoint in one generation"
-                            );
+                            assert!(all_sources_done, "final chk-{id} before every source finished");
+                            assert!(self.final_id.is_none(), "a second final checkpoint in one generation");
                             self.final_id = Some(id);
                             self.count("final triggers");
                         }
@@ -1726,48 +1482,25 @@ impl Model {
                     self.next_id = id + 1;
                     self.count("triggers");
                 }
-                Decision::CommitManifest {
-                    checkpoint,
-                    kind,
-                    generation,
-                    reports,
-                } => {
+                Decision::CommitManifest { checkpoint, kind, generation, reports } => {
                     let id = checkpoint.0;
                     assert!(
                         matches!(ev, Some(Event::Acked { checkpoint: c, .. }) if *c == checkpoint),
                         "CommitManifest of chk-{id} not in answer to an ack of it"
                     );
-                    assert_eq!(
-                        generation,
-                        Generation(self.gen),
-                        "CommitManifest of chk-{id}: generation"
-                    );
-                    let a = self
-                        .live
-                        .get_mut(&id)
-                        .unwrap_or_else(|| panic!("CommitManifest of chk-{id}, not in flight"));
+                    assert_eq!(generation, Generation(self.gen), "CommitManifest of chk-{id}: generation");
+                    let a =
+                        self.live.get_mut(&id).unwrap_or_else(|| panic!("CommitManifest of chk-{id}, not in flight"));
                     assert!(!a.committing, "CommitManifest of chk-{id} twice");
-                    assert_eq!(
-                        a.gen, self.gen,
-                        "CommitManifest of chk-{id} of an older generation"
-                    );
+                    assert_eq!(a.gen, self.gen, "CommitManifest of chk-{id} of an older generation");
                     assert_eq!(kind, a.kind);
                     let every: BTreeSet<u32> = self.tasks.iter().copied().collect();
-                    assert_eq!(
-                        a.acks, every,
-                        "CommitManifest of chk-{id} before every task of this generation acked"
-                    );
+                    assert_eq!(a.acks, every, "CommitManifest of chk-{id} before every task of this generation acked");
                     let mut got = reports.clone();
                     got.sort();
-                    let want: Vec<(TaskId, Report)> = self
-                        .tasks
-                        .iter()
-                        .map(|&t| (TaskId(t), report(self.gen, id, t)))
-                        .collect();
-                    assert_eq!(
-                        got, want,
-                        "CommitManifest of chk-{id} must carry each task's own report exactly once"
-                    );
+                    let want: Vec<(TaskId, Report)> =
+                        self.tasks.iter().map(|&t| (TaskId(t), report(self.gen, id, t))).collect();
+                    assert_eq!(got, want, "CommitManifest of chk-{id} must carry each task's own report exactly once");
                     a.committing = true;
                     self.manifests.insert(id);
                 }
@@ -1789,29 +1522,19 @@ impl Model {
                 Decision::Abort { checkpoint, reason } => {
                     let id = checkpoint.0;
                     let a = self.live.remove(&id).unwrap_or_else(|| {
-                        panic!(
-                            "Abort of chk-{id}, not in flight (ended: {:?})",
-                            self.ended.get(&id)
-                        )
+                        panic!("Abort of chk-{id}, not in flight (ended: {:?})", self.ended.get(&id))
                     });
                     match &reason {
                         AbortReason::Timeout { missing } => {
                             assert!(tick_like, "a timeout outside a tick");
-                            assert!(
-                                !a.committing,
-                                "chk-{id} timed out while writing its manifest"
+                            assert!(!a.committing, "chk-{id} timed out while writing its manifest");
+                            assert!(self.now - a.at >= self.cfg.timeout_ms, "chk-{id} timed out early");
+                            let want: Vec<TaskId> =
+                                self.tasks.iter().filter(|t| !a.acks.contains(t)).map(|&t| TaskId(t)).collect();
+                            assert_eq!(
+                                missing, &want,
+                                "the timeout of chk-{id} must name exactly the tasks that did not ack"
                             );
-                            assert!(
-                                self.now - a.at >= self.cfg.timeout_ms,
-                                "chk-{id} timed out early"
-                            );
-                            let want: Vec<TaskId> = self
-                                .tasks
-                                .iter()
-                                .filter(|t| !a.acks.contains(t))
-                                .map(|&t| TaskId(t))
-                                .collect();
-                            assert_eq!(missing, &want, "the timeout of chk-{id} must name exactly the tasks that did not ack");
                             self.count("timeouts");
                         }
                         AbortReason::Declined { task, .. } => {
@@ -1836,18 +1559,12 @@ impl Model {
                                 matches!(ev, Some(Event::ManifestCommitted { checkpoint: c }) if c == by),
                                 "chk-{id} subsumed by {by}, which did not just complete"
                             );
-                            assert!(
-                                !a.committing,
-                                "chk-{id} subsumed while writing its manifest"
-                            );
+                            assert!(!a.committing, "chk-{id} subsumed while writing its manifest");
                             self.count("subsumed");
                         }
                         AbortReason::FailOver => {
                             failover_aborts = true;
-                            assert!(
-                                restart || !a.committing,
-                                "a failover must leave chk-{id}'s manifest to storage"
-                            );
+                            assert!(restart || !a.committing, "a failover must leave chk-{id}'s manifest to storage");
                         }
                     }
                     if reason.counts_as_failure() {
@@ -1859,10 +1576,7 @@ impl Model {
                     self.end(id, End::Aborted, a);
                 }
                 Decision::FailOver { reason } => {
-                    assert!(
-                        !failing_over_before && !failover,
-                        "a second FailOver in one generation: {reason}"
-                    );
+                    assert!(!failing_over_before && !failover, "a second FailOver in one generation: {reason}");
                     assert!(!finished_before, "FailOver after JobFinished: {reason}");
                     failover = true;
                     self.failing_over = true;
@@ -1879,11 +1593,7 @@ impl Model {
                         "JobFinished names another checkpoint than the final one"
                     );
                     assert!(!self.failing_over && !finished_before);
-                    assert_eq!(
-                        self.tasks_done.len(),
-                        self.tasks.len(),
-                        "JobFinished before every task finished"
-                    );
+                    assert_eq!(self.tasks_done.len(), self.tasks.len(), "JobFinished before every task finished");
                     self.finished = true;
                 }
             }
@@ -1921,40 +1631,24 @@ impl Model {
                     self.count("completions");
                 }
                 None => {
-                    assert_eq!(
-                        n, 0,
-                        "a ManifestCommitted of ended chk-{id} changed something"
-                    );
+                    assert_eq!(n, 0, "a ManifestCommitted of ended chk-{id} changed something");
                     self.count("late manifests ignored");
                 }
             }
         }
         if let Some(Event::ManifestFailed { checkpoint, .. }) = ev {
             self.manifests.remove(&checkpoint.0);
-            assert!(
-                !self.live.contains_key(&checkpoint.0),
-                "ManifestFailed left {checkpoint} in flight"
-            );
+            assert!(!self.live.contains_key(&checkpoint.0), "ManifestFailed left {checkpoint} in flight");
         }
 
         // Failovers happen exactly when they must.
         let task_failed = matches!(ev, Some(Event::TaskFailed { .. }));
         let too_many = self.consecutive > self.cfg.tolerable_failures;
         if failover {
-            assert!(
-                task_failed || too_many || final_aborted,
-                "a FailOver without a cause"
-            );
-            assert!(
-                self.live.values().all(|a| a.committing),
-                "a failover left checkpoints in flight"
-            );
+            assert!(task_failed || too_many || final_aborted, "a FailOver without a cause");
+            assert!(self.live.values().all(|a| a.committing), "a failover left checkpoints in flight");
         }
-        if !restart
-            && !failing_over_before
-            && !finished_before
-            && (task_failed || too_many || final_aborted)
-        {
+        if !restart && !failing_over_before && !finished_before && (task_failed || too_many || final_aborted) {
             assert!(
                 failover,
                 "no FailOver (task failed: {task_failed}, {} consecutive failures of {} tolerable, final aborted: {final_aborted})",
@@ -1968,10 +1662,7 @@ impl Model {
         // Ticks time out what is overdue and trigger what is due.
         if tick_like {
             for (id, a) in &self.live {
-                assert!(
-                    a.committing || self.now - a.at < self.cfg.timeout_ms,
-                    "chk-{id} outlived its timeout"
-                );
+                assert!(a.committing || self.now - a.at < self.cfg.timeout_ms, "chk-{id} outlived its timeout");
             }
             let running = !self.failing_over && !self.finished && self.final_id.is_none();
             if running && !triggered {
@@ -1982,10 +1673,7 @@ impl Model {
                         "a checkpoint was due at t={} but none was triggered",
                         self.now
                     );
-                    assert!(
-                        self.lease_req.is_some(),
-                        "waiting for a lease that was never asked for"
-                    );
+                    assert!(self.lease_req.is_some(), "waiting for a lease that was never asked for");
                 }
             }
         }
@@ -2001,10 +1689,7 @@ impl Model {
     }
 
     fn end(&mut self, id: u64, how: End, attempt: Attempt) {
-        assert!(
-            self.ended.insert(id, how).is_none(),
-            "chk-{id} ended twice (now {how:?})"
-        );
+        assert!(self.ended.insert(id, how).is_none(), "chk-{id} ended twice (now {how:?})");
         self.last_end_at = self.now;
         self.dead.insert(id, attempt);
     }
@@ -2014,28 +1699,13 @@ impl Model {
         let pending: Vec<u64> = self.c.pending().iter().map(|c| c.0).collect();
         let live: Vec<u64> = self.live.keys().copied().collect();
         assert_eq!(pending, live, "pending checkpoints differ from the model's");
-        let periodic = self
-            .live
-            .values()
-            .filter(|a| a.kind == SnapshotKind::Checkpoint)
-            .count();
-        assert!(
-            periodic <= self.cfg.max_concurrent,
-            "{periodic} periodic checkpoints in flight"
-        );
-        assert!(
-            self.live.len() <= self.cfg.max_concurrent + 1,
-            "{} checkpoints in flight",
-            self.live.len()
-        );
+        let periodic = self.live.values().filter(|a| a.kind == SnapshotKind::Checkpoint).count();
+        assert!(periodic <= self.cfg.max_concurrent, "{periodic} periodic checkpoints in flight");
+        assert!(self.live.len() <= self.cfg.max_concurrent + 1, "{} checkpoints in flight", self.live.len());
         assert_eq!(self.c.generation(), Generation(self.gen));
         assert_eq!(self.c.is_failing_over(), self.failing_over, "failing over");
         assert_eq!(self.c.is_finished(), self.finished, "finished");
-        assert_eq!(
-            self.c.last_completed().map(|c| c.0),
-            self.last_completed,
-            "last completed"
-        );
+        assert_eq!(self.c.last_completed().map(|c| c.0), self.last_completed, "last completed");
         assert!(self.c.next_id().0 >= self.next_id);
     }
 }
@@ -2087,10 +1757,7 @@ fn random_event_sequences_keep_the_protocol_invariants() {
             "late manifests ignored",
             "stale messages ignored",
         ] {
-            assert!(
-                seen.get(what).copied().unwrap_or(0) > 0,
-                "no run saw {what}: {seen:?}"
-            );
+            assert!(seen.get(what).copied().unwrap_or(0) > 0, "no run saw {what}: {seen:?}");
         }
         eprintln!("coverage over all seeds: {seen:?}");
     }

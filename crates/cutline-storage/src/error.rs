@@ -33,60 +33,38 @@ pub enum StorageError {
          {supported}): upgrade cutline to read it",
         path.display()
     )]
-    UnsupportedVersion {
-        path: PathBuf,
-        found: u16,
-        supported: u16,
-    },
+    UnsupportedVersion { path: PathBuf, found: u16, supported: u16 },
     #[error(
         "{} holds a file of kind {found} where a {expected} file was expected: it was renamed or \
          overwritten; restore it from a backup or restore from another checkpoint",
         path.display()
     )]
-    WrongKind {
-        path: PathBuf,
-        expected: FileKind,
-        found: u16,
-    },
+    WrongKind { path: PathBuf, expected: FileKind, found: u16 },
     #[error(
         "{} is truncated (its frame needs {expected} bytes, the file has {actual}): it was cut short by a \
          crash or a full disk; restore from another checkpoint",
         path.display()
     )]
-    Truncated {
-        path: PathBuf,
-        expected: u64,
-        actual: u64,
-    },
+    Truncated { path: PathBuf, expected: u64, actual: u64 },
     #[error(
         "{} is corrupt (checksum {actual:#010x}, expected {expected:#010x}); restore from another \
          checkpoint",
         path.display()
     )]
-    ChecksumMismatch {
-        path: PathBuf,
-        expected: u32,
-        actual: u32,
-    },
+    ChecksumMismatch { path: PathBuf, expected: u32, actual: u32 },
     #[error(
         "{} has {actual} bytes but its manifest recorded {expected}: it was changed after the checkpoint \
          was taken; restore from another checkpoint",
         path.display()
     )]
-    SizeMismatch {
-        path: PathBuf,
-        expected: u64,
-        actual: u64,
-    },
+    SizeMismatch { path: PathBuf, expected: u64, actual: u64 },
     #[error(
         "cannot decode {} ({reason}): it is corrupt or comes from an incompatible build; restore from \
          another checkpoint",
         path.display()
     )]
     Decode { path: PathBuf, reason: String },
-    #[error(
-        "invalid operator id {0:?}: use a non-empty id made of ASCII letters, digits, '_', '.' and '-'"
-    )]
+    #[error("invalid operator id {0:?}: use a non-empty id made of ASCII letters, digits, '_', '.' and '-'")]
     InvalidOperatorId(String),
     #[error(
         "invalid file reference {0:?}: a manifest may only name relative '/'-separated paths inside the \
@@ -114,20 +92,15 @@ impl StorageError {
     /// failures. Corruption, missing files and contract violations are not transient.
     pub fn is_transient(&self) -> bool {
         match self {
-            StorageError::Io { source, .. } => matches!(
-                source.kind(),
-                ErrorKind::Interrupted | ErrorKind::TimedOut | ErrorKind::WouldBlock
-            ),
+            StorageError::Io { source, .. } => {
+                matches!(source.kind(), ErrorKind::Interrupted | ErrorKind::TimedOut | ErrorKind::WouldBlock)
+            }
             StorageError::Injected(_) => true,
             _ => false,
         }
     }
 
     pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Self {
-        StorageError::Io {
-            path: path.into(),
-            op,
-            source,
-        }
+        StorageError::Io { path: path.into(), op, source }
     }
 }

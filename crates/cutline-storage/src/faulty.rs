@@ -45,10 +45,7 @@ pub struct FaultyStore<S: CheckpointStore> {
 
 impl<S: CheckpointStore> FaultyStore<S> {
     pub fn new(inner: S, policy: impl Fn(StoreOp) -> bool + Send + Sync + 'static) -> Self {
-        FaultyStore {
-            inner,
-            policy: Box::new(policy),
-        }
+        FaultyStore { inner, policy: Box::new(policy) }
     }
 
     /// The wrapped store, to look at what really happened.
@@ -80,14 +77,7 @@ impl<S: CheckpointStore> CheckpointStore for FaultyStore<S> {
         payload: &[u8],
     ) -> Result<TaskStateHandle, StorageError> {
         self.check(StoreOp::WriteTaskState { checkpoint })?;
-        self.inner.write_task_state(
-            checkpoint,
-            operator,
-            subtask,
-            parallelism,
-            key_groups,
-            payload,
-        )
+        self.inner.write_task_state(checkpoint, operator, subtask, parallelism, key_groups, payload)
     }
 
     fn read_task_state(&self, handle: &TaskStateHandle) -> Result<Vec<u8>, StorageError> {

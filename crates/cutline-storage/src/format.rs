@@ -73,11 +73,7 @@ pub(crate) struct Frame<'a> {
     pub payload: &'a [u8],
 }
 
-pub(crate) fn decode_frame_at<'a>(
-    path: &Path,
-    bytes: &'a [u8],
-    expected: FileKind,
-) -> Result<Frame<'a>, StorageError> {
+pub(crate) fn decode_frame_at<'a>(path: &Path, bytes: &'a [u8], expected: FileKind) -> Result<Frame<'a>, StorageError> {
     let truncated = |needed: usize| StorageError::Truncated {
         path: path.to_path_buf(),
         expected: needed as u64,
@@ -87,26 +83,20 @@ pub(crate) fn decode_frame_at<'a>(
         return Err(if MAGIC.starts_with(bytes) {
             truncated(MAGIC.len() + 2)
         } else {
-            StorageError::BadMagic {
-                path: path.to_path_buf(),
-            }
+            StorageError::BadMagic { path: path.to_path_buf() }
         });
     }
     if bytes[..4] != MAGIC {
-        return Err(StorageError::BadMagic {
-            path: path.to_path_buf(),
-        });
+        return Err(StorageError::BadMagic { path: path.to_path_buf() });
     }
     if bytes.len() < 6 {
         return Err(truncated(6));
     }
     match u16_at(bytes, 4) {
         1 => decode_v1(path, bytes, expected),
-        found if found > FORMAT_VERSION => Err(StorageError::UnsupportedVersion {
-            path: path.to_path_buf(),
-            found,
-            supported: FORMAT_VERSION,
-        }),
+        found if found > FORMAT_VERSION => {
+            Err(StorageError::UnsupportedVersion { path: path.to_path_buf(), found, supported: FORMAT_VERSION })
+        }
         found => Err(StorageError::Decode {
             path: path.to_path_buf(),
             reason: format!("format version {found} never existed"),
@@ -116,11 +106,7 @@ pub(crate) fn decode_frame_at<'a>(
 
 /// Version 1: 16-byte header, payload, crc32 of header and payload. Length and checksum are checked
 /// before the kind, so that a damaged kind field reads as corruption rather than as a wrong file.
-fn decode_v1<'a>(
-    path: &Path,
-    bytes: &'a [u8],
-    expected: FileKind,
-) -> Result<Frame<'a>, StorageError> {
+fn decode_v1<'a>(path: &Path, bytes: &'a [u8], expected: FileKind) -> Result<Frame<'a>, StorageError> {
     let minimum = V1_HEADER_LEN + CRC_LEN;
     if bytes.len() < minimum {
         return Err(StorageError::Truncated {
@@ -132,43 +118,25 @@ fn decode_v1<'a>(
     let payload_len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
     let total = payload_len.saturating_add(minimum as u64);
     if total > bytes.len() as u64 {
-        return Err(StorageError::Truncated {
-            path: path.to_path_buf(),
-            expected: total,
-            actual: bytes.len() as u64,
-        });
+        return Err(StorageError::Truncated { path: path.to_path_buf(), expected: total, actual: bytes.len() as u64 });
     }
     if total < bytes.len() as u64 {
         return Err(StorageError::Decode {
             path: path.to_path_buf(),
-            reason: format!(
-                "{} bytes follow the end of the frame",
-                bytes.len() as u64 - total
-            ),
+            reason: format!("{} bytes follow the end of the frame", bytes.len() as u64 - total),
         });
     }
     let body_end = bytes.len() - CRC_LEN;
     let recorded = u32::from_le_bytes(bytes[body_end..].try_into().expect("4 bytes"));
     let actual = crc32fast::hash(&bytes[..body_end]);
     if recorded != actual {
-        return Err(StorageError::ChecksumMismatch {
-            path: path.to_path_buf(),
-            expected: recorded,
-            actual,
-        });
+        return Err(StorageError::ChecksumMismatch { path: path.to_path_buf(), expected: recorded, actual });
     }
     let found = u16_at(bytes, 6);
     if found != expected as u16 {
-        return Err(StorageError::WrongKind {
-            path: path.to_path_buf(),
-            expected,
-            found,
-        });
+        return Err(StorageError::WrongKind { path: path.to_path_buf(), expected, found });
     }
-    Ok(Frame {
-        version: 1,
-        payload: &bytes[V1_HEADER_LEN..body_end],
-    })
+    Ok(Frame { version: 1, payload: &bytes[V1_HEADER_LEN..body_end] })
 }
 
 fn u16_at(bytes: &[u8], at: usize) -> u16 {
@@ -183,19 +151,12 @@ pub(crate) fn encode_record<T: Serialize>(kind: FileKind, value: &T) -> Vec<u8> 
 
 /// Checks the frame and decodes its record. Each frame version has its own arm: when version 2
 /// changes a record, the version 1 arm keeps decoding the old shape and converts it.
-pub(crate) fn decode_record<T: DeserializeOwned>(
-    path: &Path,
-    bytes: &[u8],
-    kind: FileKind,
-) -> Result<T, StorageError> {
+pub(crate) fn decode_record<T: DeserializeOwned>(path: &Path, bytes: &[u8], kind: FileKind) -> Result<T, StorageError> {
     let frame = decode_frame_at(path, bytes, kind)?;
     match frame.version {
         1 => {
-            let (value, rest) =
-                postcard::take_from_bytes(frame.payload).map_err(|e| StorageError::Decode {
-                    path: path.to_path_buf(),
-                    reason: e.to_string(),
-                })?;
+            let (value, rest) = postcard::take_from_bytes(frame.payload)
+                .map_err(|e| StorageError::Decode { path: path.to_path_buf(), reason: e.to_string() })?;
             if !rest.is_empty() {
                 return Err(StorageError::Decode {
                     path: path.to_path_buf(),
@@ -212,12 +173,7 @@ pub(crate) fn decode_record<T: DeserializeOwned>(
 mod tests {
     use super::*;
 
-    const KINDS: [FileKind; 4] = [
-        FileKind::TaskState,
-        FileKind::Manifest,
-        FileKind::JobMeta,
-        FileKind::Finished,
-    ];
+    const KINDS: [FileKind; 4] = [FileKind::TaskState, FileKind::Manifest, FileKind::JobMeta, FileKind::Finished];
 
     /// Re-stamps a frame's version field and fixes its checksum, as a newer writer would.
     fn with_version(mut frame: Vec<u8>, version: u16) -> Vec<u8> {
@@ -268,10 +224,7 @@ mod tests {
     fn payload_flip_is_a_checksum_mismatch() {
         let mut frame = encode_frame(FileKind::JobMeta, b"payload");
         frame[18] ^= 0x10;
-        assert!(matches!(
-            decode_frame(&frame, FileKind::JobMeta),
-            Err(StorageError::ChecksumMismatch { .. })
-        ));
+        assert!(matches!(decode_frame(&frame, FileKind::JobMeta), Err(StorageError::ChecksumMismatch { .. })));
     }
 
     #[test]
@@ -279,10 +232,7 @@ mod tests {
         let frame = encode_frame(FileKind::Finished, b"abcdef");
         for len in 0..frame.len() {
             let err = decode_frame(&frame[..len], FileKind::Finished).unwrap_err();
-            assert!(
-                matches!(err, StorageError::Truncated { .. }),
-                "len {len}: {err}"
-            );
+            assert!(matches!(err, StorageError::Truncated { .. }), "len {len}: {err}");
         }
     }
 
@@ -290,10 +240,7 @@ mod tests {
     fn trailing_bytes_are_rejected() {
         let mut frame = encode_frame(FileKind::Finished, b"abc");
         frame.push(0);
-        assert!(matches!(
-            decode_frame(&frame, FileKind::Finished),
-            Err(StorageError::Decode { .. })
-        ));
+        assert!(matches!(decode_frame(&frame, FileKind::Finished), Err(StorageError::Decode { .. })));
     }
 
     #[test]
@@ -301,16 +248,11 @@ mod tests {
         for version in [2u16, 7, u16::MAX] {
             let frame = with_version(encode_frame(FileKind::Manifest, b"x"), version);
             let err = decode_frame(&frame, FileKind::Manifest).unwrap_err();
-            assert!(
-                matches!(err, StorageError::UnsupportedVersion { found, supported: 1, .. } if found == version)
-            );
+            assert!(matches!(err, StorageError::UnsupportedVersion { found, supported: 1, .. } if found == version));
             assert!(err.to_string().contains("upgrade cutline"), "{err}");
         }
         let zero = with_version(encode_frame(FileKind::Manifest, b"x"), 0);
-        assert!(matches!(
-            decode_frame(&zero, FileKind::Manifest),
-            Err(StorageError::Decode { .. })
-        ));
+        assert!(matches!(decode_frame(&zero, FileKind::Manifest), Err(StorageError::Decode { .. })));
     }
 
     #[test]
@@ -323,10 +265,7 @@ mod tests {
             ));
         }
         for bad in [&b"CUTX"[..], b"xyz", b"PK\x03\x04 not ours at all"] {
-            assert!(matches!(
-                decode_frame(bad, FileKind::TaskState),
-                Err(StorageError::BadMagic { .. })
-            ));
+            assert!(matches!(decode_frame(bad, FileKind::TaskState), Err(StorageError::BadMagic { .. })));
         }
     }
 
@@ -337,9 +276,6 @@ mod tests {
         let back: (u64, String) = decode_record(path, &frame, FileKind::Finished).unwrap();
         assert_eq!(back, (42, "s".to_string()));
         let frame = encode_record(FileKind::Finished, &(1u8, 2u8));
-        assert!(matches!(
-            decode_record::<u8>(path, &frame, FileKind::Finished),
-            Err(StorageError::Decode { .. })
-        ));
+        assert!(matches!(decode_record::<u8>(path, &frame, FileKind::Finished), Err(StorageError::Decode { .. })));
     }
 }

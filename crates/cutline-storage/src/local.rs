@@ -20,30 +20,20 @@ impl LocalDirStore {
     /// `root` is not a directory or not writable.
     pub fn open(root: impl AsRef<Path>) -> Result<LocalDirStore, StorageError> {
         let root = root.as_ref().to_path_buf();
-        let invalid = |reason: String| StorageError::InvalidRoot {
-            path: root.clone(),
-            reason,
-        };
+        let invalid = |reason: String| StorageError::InvalidRoot { path: root.clone(), reason };
         match fs::metadata(&root) {
             Ok(meta) if !meta.is_dir() => {
-                return Err(invalid(
-                    "it exists and is not a directory; pass a directory path".to_string(),
-                ))
+                return Err(invalid("it exists and is not a directory; pass a directory path".to_string()))
             }
             Ok(_) => {}
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(invalid(format!("cannot inspect it ({e})"))),
         }
-        fs::create_dir_all(root.join(CHECKPOINTS_DIR)).map_err(|e| {
-            invalid(format!(
-                "cannot create it ({e}); check the path and its permissions"
-            ))
-        })?;
+        fs::create_dir_all(root.join(CHECKPOINTS_DIR))
+            .map_err(|e| invalid(format!("cannot create it ({e}); check the path and its permissions")))?;
         let probe = root.join(temp_name("open-probe"));
         File::create_new(&probe).map_err(|e| {
-            invalid(format!(
-                "it is not writable ({e}); fix its permissions or choose another directory"
-            ))
+            invalid(format!("it is not writable ({e}); fix its permissions or choose another directory"))
         })?;
         fs::remove_file(&probe).map_err(|e| StorageError::io(&probe, "remove", e))?;
         Ok(LocalDirStore { root })
@@ -95,9 +85,7 @@ fn write_atomic_new(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool, Storag
         Ok(()) => Ok(true),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
         Err(_) if target.exists() => Ok(false),
-        Err(_) => fs::rename(&tmp, &target)
-            .map(|()| true)
-            .map_err(|e| StorageError::io(&tmp, "rename", e)),
+        Err(_) => fs::rename(&tmp, &target).map(|()| true).map_err(|e| StorageError::io(&tmp, "rename", e)),
     });
     let _ = fs::remove_file(&tmp);
     if result? {
@@ -109,24 +97,17 @@ fn write_atomic_new(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool, Storag
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .map_err(|e| StorageError::io(path, "create", e))?;
-    file.write_all(bytes)
-        .map_err(|e| StorageError::io(path, "write", e))?;
-    file.sync_all()
-        .map_err(|e| StorageError::io(path, "fsync", e))
+    let mut file =
+        OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| StorageError::io(path, "create", e))?;
+    file.write_all(bytes).map_err(|e| StorageError::io(path, "write", e))?;
+    file.sync_all().map_err(|e| StorageError::io(path, "fsync", e))
 }
 
 /// Makes the entries of `dir` (created, renamed, removed files) durable.
 fn sync_dir(dir: &Path) -> Result<(), StorageError> {
     #[cfg(unix)]
     {
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| StorageError::io(dir, "fsync directory", e))?;
+        File::open(dir).and_then(|d| d.sync_all()).map_err(|e| StorageError::io(dir, "fsync directory", e))?;
     }
     #[cfg(not(unix))]
     let _ = dir;
@@ -152,9 +133,7 @@ impl Files for LocalDirStore {
         match fs::metadata(&path) {
             Ok(meta) if meta.is_file() => Ok(Some(meta.len())),
             Ok(_) => Ok(None),
-            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
-                Ok(None)
-            }
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => Ok(None),
             Err(e) => Err(StorageError::io(path, "inspect", e)),
         }
     }
@@ -173,9 +152,7 @@ impl Files for LocalDirStore {
         let path = self.full(dir);
         let reader = match fs::read_dir(&path) {
             Ok(reader) => reader,
-            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
-                return Ok(Vec::new())
-            }
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => return Ok(Vec::new()),
             Err(e) => return Err(StorageError::io(path, "list", e)),
         };
         let mut out = Vec::new();
@@ -208,9 +185,7 @@ impl Files for LocalDirStore {
         }
         match fs::remove_dir(&path) {
             Ok(()) => Ok(true),
-            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty) => {
-                Ok(false)
-            }
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty) => Ok(false),
             Err(e) => Err(StorageError::io(path, "remove directory", e)),
         }
     }

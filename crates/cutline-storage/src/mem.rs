@@ -24,9 +24,7 @@ impl MemStore {
     /// is no such file or it is empty.
     pub fn corrupt(&self, path: &str) {
         let mut files = self.lock();
-        let bytes = files
-            .get_mut(path)
-            .unwrap_or_else(|| panic!("MemStore::corrupt: no file {path:?}"));
+        let bytes = files.get_mut(path).unwrap_or_else(|| panic!("MemStore::corrupt: no file {path:?}"));
         assert!(!bytes.is_empty(), "MemStore::corrupt: {path:?} is empty");
         let middle = bytes.len() / 2;
         bytes[middle] ^= 0xFF;
@@ -98,20 +96,11 @@ impl Files for MemStore {
                 break;
             };
             let entry = match rest.split_once('/') {
-                Some((first, _)) => Entry {
-                    name: first.to_string(),
-                    is_dir: true,
-                },
-                None => Entry {
-                    name: rest.to_string(),
-                    is_dir: false,
-                },
+                Some((first, _)) => Entry { name: first.to_string(), is_dir: true },
+                None => Entry { name: rest.to_string(), is_dir: false },
             };
             // Keys sharing a directory prefix are adjacent, so one look back deduplicates.
-            if !out
-                .last()
-                .is_some_and(|last| last.is_dir && entry.is_dir && last.name == entry.name)
-            {
+            if !out.last().is_some_and(|last| last.is_dir && entry.is_dir && last.name == entry.name) {
                 out.push(entry);
             }
         }
@@ -126,10 +115,7 @@ impl Files for MemStore {
     fn remove_dir_if_empty(&self, dir: &str) -> Result<bool, StorageError> {
         let prefix = dir_prefix(dir);
         let files = self.lock();
-        let empty = !files
-            .range(prefix.clone()..)
-            .next()
-            .is_some_and(|(k, _)| k.starts_with(&prefix));
+        let empty = !files.range(prefix.clone()..).next().is_some_and(|(k, _)| k.starts_with(&prefix));
         Ok(empty)
     }
 

@@ -90,12 +90,7 @@ pub trait CheckpointStore: Send + Sync {
 
     /// The highest id of a complete checkpoint.
     fn latest_complete(&self) -> Result<Option<CheckpointId>, StorageError> {
-        Ok(self
-            .list_checkpoints()?
-            .iter()
-            .rev()
-            .find(|l| l.complete)
-            .map(|l| l.id))
+        Ok(self.list_checkpoints()?.iter().rev().find(|l| l.complete).map(|l| l.id))
     }
 }
 
@@ -171,9 +166,7 @@ fn join(dir: &str, name: &str) -> String {
 
 fn validate_operator_id(operator: &OperatorId) -> Result<(), StorageError> {
     let s = operator.as_str();
-    let ok = !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    let ok = !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
     if ok {
         Ok(())
     } else {
@@ -183,10 +176,7 @@ fn validate_operator_id(operator: &OperatorId) -> Result<(), StorageError> {
 
 /// A file reference from a manifest must stay inside the store.
 fn validate_file_ref(file: &str) -> Result<(), StorageError> {
-    let ok = !file.contains('\\')
-        && file
-            .split('/')
-            .all(|part| !part.is_empty() && part != "." && part != "..");
+    let ok = !file.contains('\\') && file.split('/').all(|part| !part.is_empty() && part != "." && part != "..");
     if ok {
         Ok(())
     } else {
@@ -238,21 +228,13 @@ macro_rules! impl_checkpoint_store {
                 let at = (checkpoint, operator, subtask);
                 $crate::store::ops::write_task_state(self, at, parallelism, key_groups, payload)
             }
-            fn read_task_state(
-                &self,
-                handle: &$crate::TaskStateHandle,
-            ) -> Result<Vec<u8>, $crate::StorageError> {
+            fn read_task_state(&self, handle: &$crate::TaskStateHandle) -> Result<Vec<u8>, $crate::StorageError> {
                 $crate::store::ops::read_task_state(self, handle)
             }
-            fn commit_manifest(
-                &self,
-                manifest: &$crate::Manifest,
-            ) -> Result<(), $crate::StorageError> {
+            fn commit_manifest(&self, manifest: &$crate::Manifest) -> Result<(), $crate::StorageError> {
                 $crate::store::ops::commit_manifest(self, manifest)
             }
-            fn list_checkpoints(
-                &self,
-            ) -> Result<Vec<$crate::CheckpointListing>, $crate::StorageError> {
+            fn list_checkpoints(&self) -> Result<Vec<$crate::CheckpointListing>, $crate::StorageError> {
                 $crate::store::ops::list_checkpoints(self)
             }
             fn read_manifest(
@@ -261,16 +243,10 @@ macro_rules! impl_checkpoint_store {
             ) -> Result<$crate::Manifest, $crate::StorageError> {
                 $crate::store::ops::read_manifest(self, id)
             }
-            fn verify(
-                &self,
-                id: ::cutline_core::CheckpointId,
-            ) -> Result<$crate::Manifest, $crate::StorageError> {
+            fn verify(&self, id: ::cutline_core::CheckpointId) -> Result<$crate::Manifest, $crate::StorageError> {
                 $crate::store::ops::verify(self, id)
             }
-            fn discard(
-                &self,
-                id: ::cutline_core::CheckpointId,
-            ) -> Result<(), $crate::StorageError> {
+            fn discard(&self, id: ::cutline_core::CheckpointId) -> Result<(), $crate::StorageError> {
                 $crate::store::ops::discard(self, id)
             }
             fn gc(
@@ -286,15 +262,10 @@ macro_rules! impl_checkpoint_store {
             fn write_meta(&self, meta: &$crate::JobMeta) -> Result<(), $crate::StorageError> {
                 $crate::store::ops::write_meta(self, meta)
             }
-            fn mark_finished(
-                &self,
-                checkpoint: ::cutline_core::CheckpointId,
-            ) -> Result<(), $crate::StorageError> {
+            fn mark_finished(&self, checkpoint: ::cutline_core::CheckpointId) -> Result<(), $crate::StorageError> {
                 $crate::store::ops::mark_finished(self, checkpoint)
             }
-            fn finished(
-                &self,
-            ) -> Result<Option<::cutline_core::CheckpointId>, $crate::StorageError> {
+            fn finished(&self) -> Result<Option<::cutline_core::CheckpointId>, $crate::StorageError> {
                 $crate::store::ops::finished(self)
             }
             fn describe(&self) -> String {
@@ -334,40 +305,20 @@ pub(crate) mod ops {
         })
     }
 
-    pub fn read_task_state<F: Files>(
-        fs: &F,
-        handle: &TaskStateHandle,
-    ) -> Result<Vec<u8>, StorageError> {
+    pub fn read_task_state<F: Files>(fs: &F, handle: &TaskStateHandle) -> Result<Vec<u8>, StorageError> {
         validate_file_ref(&handle.file)?;
         let path = fs.display_path(&handle.file);
-        let bytes = fs
-            .read(&handle.file)?
-            .ok_or_else(|| StorageError::NotFound {
-                what: format!(
-                    "state of operator {} subtask {} ({})",
-                    handle.operator,
-                    handle.subtask.0,
-                    path.display()
-                ),
-            })?;
+        let bytes = fs.read(&handle.file)?.ok_or_else(|| StorageError::NotFound {
+            what: format!("state of operator {} subtask {} ({})", handle.operator, handle.subtask.0, path.display()),
+        })?;
         if bytes.len() as u64 != handle.size_bytes {
-            return Err(StorageError::SizeMismatch {
-                path,
-                expected: handle.size_bytes,
-                actual: bytes.len() as u64,
-            });
+            return Err(StorageError::SizeMismatch { path, expected: handle.size_bytes, actual: bytes.len() as u64 });
         }
         let actual = content_crc(&bytes);
         if actual != handle.crc32 {
-            return Err(StorageError::ChecksumMismatch {
-                path,
-                expected: handle.crc32,
-                actual,
-            });
+            return Err(StorageError::ChecksumMismatch { path, expected: handle.crc32, actual });
         }
-        Ok(decode_frame_at(&path, &bytes, FileKind::TaskState)?
-            .payload
-            .to_vec())
+        Ok(decode_frame_at(&path, &bytes, FileKind::TaskState)?.payload.to_vec())
     }
 
     pub fn commit_manifest<F: Files>(fs: &F, manifest: &Manifest) -> Result<(), StorageError> {
@@ -415,9 +366,9 @@ pub(crate) mod ops {
     pub fn read_manifest<F: Files>(fs: &F, id: CheckpointId) -> Result<Manifest, StorageError> {
         let rel = manifest_path(id);
         let path = fs.display_path(&rel);
-        let bytes = fs.read(&rel)?.ok_or_else(|| StorageError::NotFound {
-            what: format!("manifest of {id} ({})", path.display()),
-        })?;
+        let bytes = fs
+            .read(&rel)?
+            .ok_or_else(|| StorageError::NotFound { what: format!("manifest of {id} ({})", path.display()) })?;
         let manifest: Manifest = decode_record(&path, &bytes, FileKind::Manifest)?;
         if manifest.format_version > FORMAT_VERSION {
             return Err(StorageError::UnsupportedVersion {
@@ -448,38 +399,18 @@ pub(crate) mod ops {
             return Err(StorageError::DiscardComplete(id));
         }
         // Only a later manifest can reference files of this attempt's directory.
-        let later: Vec<CheckpointId> = list_checkpoints(fs)?
-            .into_iter()
-            .filter(|l| l.complete && l.id > id)
-            .map(|l| l.id)
-            .collect();
+        let later: Vec<CheckpointId> =
+            list_checkpoints(fs)?.into_iter().filter(|l| l.complete && l.id > id).map(|l| l.id).collect();
         let keep = referenced_files(fs, &later)?;
-        sweep(
-            fs,
-            &checkpoint_dir(id),
-            &keep,
-            |_| true,
-            &mut GcReport::default(),
-        )?;
+        sweep(fs, &checkpoint_dir(id), &keep, |_| true, &mut GcReport::default())?;
         fs.remove_dir_if_empty(&checkpoint_dir(id))?;
         fs.sync_dir(CHECKPOINTS_DIR)
     }
 
-    pub fn gc<F: Files>(
-        fs: &F,
-        retain: usize,
-        in_flight: &[CheckpointId],
-    ) -> Result<GcReport, StorageError> {
-        assert!(
-            retain >= 1,
-            "gc must retain at least one complete checkpoint"
-        );
+    pub fn gc<F: Files>(fs: &F, retain: usize, in_flight: &[CheckpointId]) -> Result<GcReport, StorageError> {
+        assert!(retain >= 1, "gc must retain at least one complete checkpoint");
         let listings = list_checkpoints(fs)?;
-        let complete: Vec<CheckpointId> = listings
-            .iter()
-            .filter(|l| l.complete)
-            .map(|l| l.id)
-            .collect();
+        let complete: Vec<CheckpointId> = listings.iter().filter(|l| l.complete).map(|l| l.id).collect();
         let retained = &complete[complete.len().saturating_sub(retain)..];
         let keep = referenced_files(fs, retained)?;
         let mut report = GcReport::default();
@@ -500,10 +431,7 @@ pub(crate) mod ops {
     }
 
     /// Every file that the manifests of `ids` reference.
-    fn referenced_files<F: Files>(
-        fs: &F,
-        ids: &[CheckpointId],
-    ) -> Result<BTreeSet<String>, StorageError> {
+    fn referenced_files<F: Files>(fs: &F, ids: &[CheckpointId]) -> Result<BTreeSet<String>, StorageError> {
         let mut keep = BTreeSet::new();
         for id in ids {
             keep.extend(read_manifest(fs, *id)?.tasks.into_iter().map(|t| t.file));
@@ -521,12 +449,8 @@ pub(crate) mod ops {
         select: impl Fn(&str) -> bool,
         report: &mut GcReport,
     ) -> Result<usize, StorageError> {
-        let mut names: Vec<String> = fs
-            .list(dir)?
-            .into_iter()
-            .filter(|e| !e.is_dir && select(&e.name))
-            .map(|e| e.name)
-            .collect();
+        let mut names: Vec<String> =
+            fs.list(dir)?.into_iter().filter(|e| !e.is_dir && select(&e.name)).map(|e| e.name).collect();
         names.sort_by_key(|name| name != MANIFEST_NAME);
         let mut removed = 0;
         for name in names {
@@ -549,9 +473,7 @@ pub(crate) mod ops {
     pub fn read_meta<F: Files>(fs: &F) -> Result<Option<JobMeta>, StorageError> {
         match fs.read(META_PATH)? {
             None => Ok(None),
-            Some(bytes) => {
-                decode_record(&fs.display_path(META_PATH), &bytes, FileKind::JobMeta).map(Some)
-            }
+            Some(bytes) => decode_record(&fs.display_path(META_PATH), &bytes, FileKind::JobMeta).map(Some),
         }
     }
 
@@ -565,18 +487,13 @@ pub(crate) mod ops {
                 what: format!("manifest of {checkpoint}, the checkpoint the job finished with"),
             });
         }
-        fs.put(
-            FINISHED_PATH,
-            &encode_record(FileKind::Finished, &checkpoint),
-        )
+        fs.put(FINISHED_PATH, &encode_record(FileKind::Finished, &checkpoint))
     }
 
     pub fn finished<F: Files>(fs: &F) -> Result<Option<CheckpointId>, StorageError> {
         match fs.read(FINISHED_PATH)? {
             None => Ok(None),
-            Some(bytes) => {
-                decode_record(&fs.display_path(FINISHED_PATH), &bytes, FileKind::Finished).map(Some)
-            }
+            Some(bytes) => decode_record(&fs.display_path(FINISHED_PATH), &bytes, FileKind::Finished).map(Some),
         }
     }
 }
@@ -593,14 +510,9 @@ mod tests {
             assert_eq!(name.len(), 24);
             assert_eq!(parse_checkpoint_dir(name), Some(CheckpointId(id)));
         }
-        for junk in [
-            "chk-12",
-            "chk-0000000000000000000x",
-            "chk-99999999999999999999",
-            "chk--0000000000000000001",
-            "notes",
-            "",
-        ] {
+        for junk in
+            ["chk-12", "chk-0000000000000000000x", "chk-99999999999999999999", "chk--0000000000000000001", "notes", ""]
+        {
             assert_eq!(parse_checkpoint_dir(junk), None, "{junk}");
         }
     }
@@ -623,16 +535,7 @@ mod tests {
         for ok in ["checkpoints/chk-1/a.state", "x"] {
             assert!(validate_file_ref(ok).is_ok(), "{ok}");
         }
-        for bad in [
-            "",
-            "/etc/passwd",
-            "../x",
-            "a/../b",
-            "a//b",
-            "a/./b",
-            "a\\b",
-            "a/",
-        ] {
+        for bad in ["", "/etc/passwd", "../x", "a/../b", "a//b", "a/./b", "a\\b", "a/"] {
             assert!(validate_file_ref(bad).is_err(), "{bad}");
         }
     }
@@ -642,13 +545,7 @@ mod tests {
         let a = temp_name(MANIFEST_NAME);
         assert!(is_temp_name(&a));
         assert_ne!(a, temp_name(MANIFEST_NAME));
-        for real in [
-            MANIFEST_NAME,
-            "job.meta",
-            "FINISHED",
-            ".x-0.state",
-            "op-3.state",
-        ] {
+        for real in [MANIFEST_NAME, "job.meta", "FINISHED", ".x-0.state", "op-3.state"] {
             assert!(!is_temp_name(real), "{real}");
         }
     }

@@ -6,9 +6,7 @@
 //! parallelism start a new stage behind an edge.
 
 use crate::emit::{Emit, FilterEmit, FlatMapEmit, MapEmit, Partitioner, Router};
-use crate::graph::{
-    channel_factory, EdgeKind, EdgeSpec, JobGraph, StageCtx, StageFactory, StageSpec,
-};
+use crate::graph::{channel_factory, EdgeKind, EdgeSpec, JobGraph, StageCtx, StageFactory, StageSpec};
 use crate::message::TaskError;
 use crate::sink::{Sink, SinkContext, SinkEmit};
 use crate::source::Source;
@@ -51,11 +49,8 @@ pub struct GraphError {
     pub problems: Vec<String>,
 }
 
-type ChainFn<T> = Arc<
-    dyn Fn(&mut StageCtx<'_>, Box<dyn Emit<T>>) -> Result<Box<dyn TaskBody>, TaskError>
-        + Send
-        + Sync,
->;
+type ChainFn<T> =
+    Arc<dyn Fn(&mut StageCtx<'_>, Box<dyn Emit<T>>) -> Result<Box<dyn TaskBody>, TaskError> + Send + Sync>;
 
 struct Part<T> {
     stage: usize,
@@ -64,10 +59,7 @@ struct Part<T> {
 
 impl<T> Clone for Part<T> {
     fn clone(&self) -> Self {
-        Part {
-            stage: self.stage,
-            chain: self.chain.clone(),
-        }
+        Part { stage: self.stage, chain: self.chain.clone() }
     }
 }
 
@@ -93,9 +85,7 @@ pub struct ConnectedStreams<A, B> {
 fn valid_uid(uid: &str) -> bool {
     !uid.is_empty()
         && uid.len() <= 128
-        && uid
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+        && uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
 }
 
 impl Job {
@@ -128,38 +118,28 @@ impl Job {
     pub fn set_max_parallelism(&self, m: u32) -> &Job {
         let mut b = self.inner.borrow_mut();
         if m == 0 || m > 32_768 {
-            b.errors
-                .push(format!("max parallelism {m} outside 1..=32768"));
+            b.errors.push(format!("max parallelism {m} outside 1..=32768"));
         }
         b.max_parallelism = m.clamp(1, 32_768);
         self
     }
 
-    fn add_stage(
-        &self,
-        uid: String,
-        parallelism: u32,
-        is_source: bool,
-        state_uids: Vec<String>,
-    ) -> usize {
+    fn add_stage(&self, uid: String, parallelism: u32, state_uids: Vec<String>) -> usize {
         let mut b = self.inner.borrow_mut();
         if !valid_uid(&uid) {
-            b.errors.push(format!(
-                "id {uid:?} must be 1-128 characters of [A-Za-z0-9_.-]"
-            ));
+            b.errors.push(format!("id {uid:?} must be 1-128 characters of [A-Za-z0-9_.-]"));
         }
         if parallelism == 0 {
-            b.errors
-                .push(format!("{uid}: parallelism must be at least 1"));
+            b.errors.push(format!("{uid}: parallelism must be at least 1"));
         }
         for u in &state_uids {
             if !valid_uid(u) {
-                b.errors.push(format!(
-                    "id {u:?} must be 1-128 characters of [A-Za-z0-9_.-]"
-                ));
+                b.errors.push(format!("id {u:?} must be 1-128 characters of [A-Za-z0-9_.-]"));
             }
             if b.stages.iter().any(|s| s.state_uids.contains(u)) {
-                b.errors.push(format!("two operators share the id {u:?}: ids must be unique, they name state in checkpoints"));
+                b.errors.push(format!(
+                    "two operators share the id {u:?}: ids must be unique, they name state in checkpoints"
+                ));
             }
         }
         if b.stages.iter().any(|s| s.uid == uid) {
@@ -168,7 +148,6 @@ impl Job {
         b.stages.push(StageSpec {
             uid,
             parallelism: parallelism.max(1),
-            is_source,
             state_uids,
             inputs: vec![],
             output: None,
@@ -194,26 +173,21 @@ impl Job {
         parallelism: u32,
         source: S,
     ) -> Stream<S::Item> {
-        let stage = self.add_stage(uid.to_string(), parallelism, true, vec![uid.to_string()]);
+        let stage = self.add_stage(uid.to_string(), parallelism, vec![uid.to_string()]);
         let uid = uid.to_string();
         // A prototype each task clones (behind a mutex so that sources need not be `Sync`).
         let proto = std::sync::Mutex::new(source);
         let chain: ChainFn<S::Item> = Arc::new(move |ctx, tail| {
             let mut s = proto.lock().expect("source prototype").clone();
             let restored = match ctx.restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
-                Some(bytes) => Some(postcard::from_bytes::<S::Offset>(bytes).map_err(|e| {
-                    TaskError::State {
-                        uid: uid.clone(),
-                        message: format!("decoding source offset: {e}"),
-                    }
+                Some(bytes) => Some(postcard::from_bytes::<S::Offset>(bytes).map_err(|e| TaskError::State {
+                    uid: uid.clone(),
+                    message: format!("decoding source offset: {e}"),
                 })?),
                 None => None,
             };
             s.open(ctx.subtask, ctx.parallelism, restored)
-                .map_err(|m| TaskError::Source {
-                    uid: uid.clone(),
-                    message: m,
-                })?;
+                .map_err(|m| TaskError::Source { uid: uid.clone(), message: m })?;
             Ok(Box::new(SourceBody {
                 uid: uid.clone(),
                 source: s,
@@ -222,17 +196,16 @@ impl Job {
                 batch_size: ctx.batch_size,
             }) as Box<dyn TaskBody>)
         });
-        Stream {
-            job: self.clone(),
-            parts: vec![Part { stage, chain }],
-        }
+        Stream { job: self.clone(), parts: vec![Part { stage, chain }] }
     }
 
     /// Validate and freeze the graph.
     pub fn build(self) -> Result<JobGraph, GraphError> {
         let b = Rc::try_unwrap(self.inner).map_err(|_| GraphError {
             job: "?".into(),
-            problems: vec!["a Stream of this job is still alive: consume every stream (with a sink) before build()".into()],
+            problems: vec![
+                "a Stream of this job is still alive: consume every stream (with a sink) before build()".into()
+            ],
         })?;
         let b = b.into_inner();
         let mut problems = b.errors;
@@ -241,10 +214,7 @@ impl Job {
         }
         for s in &b.stages {
             if s.factory.is_none() {
-                problems.push(format!(
-                    "the stream of {} is never consumed: end it with a sink",
-                    s.uid
-                ));
+                problems.push(format!("the stream of {} is never consumed: end it with a sink", s.uid));
             }
         }
         let mut seen = HashMap::new();
@@ -260,10 +230,7 @@ impl Job {
             *seen.entry(&s.uid).or_insert(0) += 1;
         }
         if !problems.is_empty() {
-            return Err(GraphError {
-                job: b.name,
-                problems,
-            });
+            return Err(GraphError { job: b.name, problems });
         }
         Ok(JobGraph {
             name: b.name,
@@ -287,16 +254,10 @@ impl<T: Send + 'static> Stream<T> {
                 let prev = p.chain.clone();
                 let wrap = wrap.clone();
                 let chain: ChainFn<U> = Arc::new(move |ctx, tail| prev(ctx, wrap(tail)));
-                Part {
-                    stage: p.stage,
-                    chain,
-                }
+                Part { stage: p.stage, chain }
             })
             .collect();
-        Stream {
-            job: self.job,
-            parts,
-        }
+        Stream { job: self.job, parts }
     }
 
     /// Transform every record (fused into the producing stage).
@@ -312,73 +273,37 @@ impl<T: Send + 'static> Stream<T> {
     }
 
     /// Zero or more records per record: `f` pushes them into the vector it is given.
-    pub fn flat_map<U: Send + 'static>(
-        self,
-        f: impl Fn(T, &mut Vec<U>) + Send + Sync + 'static,
-    ) -> Stream<U> {
+    pub fn flat_map<U: Send + 'static>(self, f: impl Fn(T, &mut Vec<U>) + Send + Sync + 'static) -> Stream<U> {
         let f: Arc<dyn Fn(T, &mut Vec<U>) + Send + Sync> = Arc::new(f);
-        self.map_parts(move |next| {
-            Box::new(FlatMapEmit {
-                f: f.clone(),
-                buf: Vec::new(),
-                next,
-            })
-        })
+        self.map_parts(move |next| Box::new(FlatMapEmit { f: f.clone(), buf: Vec::new(), next }))
     }
 
     /// Both streams' records as one stream (no extra stage: the next edge reads from both).
     pub fn union(mut self, other: Stream<T>) -> Stream<T> {
-        assert!(
-            Rc::ptr_eq(&self.job.inner, &other.job.inner),
-            "union of streams of different jobs"
-        );
+        assert!(Rc::ptr_eq(&self.job.inner, &other.job.inner), "union of streams of different jobs");
         self.parts.extend(other.parts);
         self
     }
 
     /// Process this stream and `other` together in one two-input operator.
     pub fn connect<B: Send + 'static>(self, other: Stream<B>) -> ConnectedStreams<T, B> {
-        ConnectedStreams {
-            left: self,
-            right: other,
-        }
+        ConnectedStreams { left: self, right: other }
     }
 
     /// Partition by key: every record with the same key goes to the same subtask.
-    pub fn key_by<K: Key>(
-        self,
-        key: impl Fn(&T) -> K + Send + Sync + 'static,
-    ) -> KeyedStream<K, T> {
-        KeyedStream {
-            stream: self,
-            key: Arc::new(key),
-            parallelism: None,
-        }
+    pub fn key_by<K: Key>(self, key: impl Fn(&T) -> K + Send + Sync + 'static) -> KeyedStream<K, T> {
+        KeyedStream { stream: self, key: Arc::new(key), parallelism: None }
     }
 
     /// Close every part into an edge to `to`; each part's router is made by `part_fn`.
-    fn close_into(
-        self,
-        to: usize,
-        kind: EdgeKind,
-        part_fn: Arc<dyn Fn() -> Partitioner<T> + Send + Sync>,
-    ) -> Job {
+    fn close_into(self, to: usize, kind: EdgeKind, part_fn: Arc<dyn Fn() -> Partitioner<T> + Send + Sync>) -> Job {
         let job = self.job.clone();
         for p in self.parts {
             let mut b = job.inner.borrow_mut();
             let edge = b.edges.len();
-            b.edges.push(EdgeSpec {
-                from: p.stage,
-                to,
-                kind,
-                channels: channel_factory::<T>(),
-            });
+            b.edges.push(EdgeSpec { from: p.stage, to, kind, channels: channel_factory::<T>() });
             b.stages[to].inputs.push(edge);
-            assert!(
-                b.stages[p.stage].output.is_none(),
-                "stage {} consumed twice",
-                b.stages[p.stage].uid
-            );
+            assert!(b.stages[p.stage].output.is_none(), "stage {} consumed twice", b.stages[p.stage].uid);
             b.stages[p.stage].output = Some(edge);
             let chain = p.chain.clone();
             let part_fn = part_fn.clone();
@@ -394,10 +319,7 @@ impl<T: Send + 'static> Stream<T> {
 
     fn parallelism_of_parts(&self) -> Vec<u32> {
         let b = self.job.inner.borrow();
-        self.parts
-            .iter()
-            .map(|p| b.stages[p.stage].parallelism)
-            .collect()
+        self.parts.iter().map(|p| b.stages[p.stage].parallelism).collect()
     }
 
     /// A new pass-through stage of `parallelism` fed by `kind` edges.
@@ -409,29 +331,18 @@ impl<T: Send + 'static> Stream<T> {
         part: Arc<dyn Fn() -> Partitioner<T> + Send + Sync>,
     ) -> Stream<T> {
         let job = self.job.clone();
-        let stage = job.add_stage(uid.to_string(), parallelism, false, vec![]);
+        let stage = job.add_stage(uid.to_string(), parallelism, vec![]);
         let job = self.close_into(stage, kind, part);
         let chain: ChainFn<T> = Arc::new(|ctx, tail| {
             let inputs = ctx.take_inputs::<T>();
-            Ok(Box::new(InputBody {
-                inputs,
-                head: Box::new(Identity { next: tail }),
-            }) as Box<dyn TaskBody>)
+            Ok(Box::new(InputBody { inputs, head: Box::new(Identity { next: tail }) }) as Box<dyn TaskBody>)
         });
-        Stream {
-            job,
-            parts: vec![Part { stage, chain }],
-        }
+        Stream { job, parts: vec![Part { stage, chain }] }
     }
 
     /// Spread records round-robin over a new stage of `parallelism` tasks.
     pub fn rebalance(self, uid: &str, parallelism: u32) -> Stream<T> {
-        self.redistribute(
-            uid,
-            parallelism,
-            EdgeKind::Rebalance,
-            Arc::new(|| Partitioner::Rebalance { next: 0 }),
-        )
+        self.redistribute(uid, parallelism, EdgeKind::Rebalance, Arc::new(|| Partitioner::Rebalance { next: 0 }))
     }
 
     /// Send every record to every task of a new stage of `parallelism` tasks.
@@ -452,9 +363,11 @@ impl<T: Send + 'static> Stream<T> {
         let ps = self.parallelism_of_parts();
         let p = ps[0];
         if ps.iter().any(|q| *q != p) {
-            self.job.inner.borrow_mut().errors.push(format!(
-                "{uid}: forward edge from stages of different parallelism"
-            ));
+            self.job
+                .inner
+                .borrow_mut()
+                .errors
+                .push(format!("{uid}: forward edge from stages of different parallelism"));
         }
         self.redistribute(uid, p, EdgeKind::Forward, Arc::new(|| Partitioner::Forward))
     }
@@ -462,24 +375,17 @@ impl<T: Send + 'static> Stream<T> {
     /// End the stream in a sink with the upstream's parallelism, fused into the upstream task when the
     /// stream comes from one stage. `uid` names the sink's transactions in checkpoints.
     pub fn sink<S: Sink<T> + Clone>(self, uid: &str, sink: S) {
-        let stream = if self.parts.len() == 1 {
-            self
-        } else {
-            self.forward(&format!("{uid}.in"))
-        };
+        let stream = if self.parts.len() == 1 { self } else { self.forward(&format!("{uid}.in")) };
         let uid_s = uid.to_string();
         let job = stream.job.clone();
         for p in stream.parts {
             {
                 let mut b = job.inner.borrow_mut();
                 if b.stages.iter().any(|s| s.state_uids.contains(&uid_s)) {
-                    b.errors
-                        .push(format!("two operators share the id {uid_s:?}"));
+                    b.errors.push(format!("two operators share the id {uid_s:?}"));
                 }
                 if !valid_uid(&uid_s) {
-                    b.errors.push(format!(
-                        "id {uid_s:?} must be 1-128 characters of [A-Za-z0-9_.-]"
-                    ));
+                    b.errors.push(format!("id {uid_s:?} must be 1-128 characters of [A-Za-z0-9_.-]"));
                 }
                 b.stages[p.stage].state_uids.push(uid_s.clone());
             }
@@ -505,8 +411,7 @@ impl<T: Send + 'static> Stream<T> {
 
     /// End the stream in a sink of its own parallelism behind a rebalance edge.
     pub fn sink_with_parallelism<S: Sink<T> + Clone>(self, uid: &str, parallelism: u32, sink: S) {
-        self.rebalance(&format!("{uid}.in"), parallelism)
-            .sink(uid, sink)
+        self.rebalance(&format!("{uid}.in"), parallelism).sink(uid, sink)
     }
 }
 
@@ -526,10 +431,8 @@ impl<K: Key, T: Send + 'static> KeyedStream<K, T> {
         f: impl Fn(&K, &mut Option<S>, T, &mut Output<O>) + Send + Sync + 'static,
     ) -> Stream<O> {
         let job = self.stream.job.clone();
-        let p = self
-            .parallelism
-            .unwrap_or_else(|| job.default_parallelism());
-        let stage = job.add_stage(uid.to_string(), p, false, vec![uid.to_string()]);
+        let p = self.parallelism.unwrap_or_else(|| job.default_parallelism());
+        let stage = job.add_stage(uid.to_string(), p, vec![uid.to_string()]);
         let key = self.key.clone();
         let max_parallelism = job.inner.borrow().max_parallelism;
         let part_key = key.clone();
@@ -538,10 +441,7 @@ impl<K: Key, T: Send + 'static> KeyedStream<K, T> {
             EdgeKind::Hash,
             Arc::new(move || {
                 let k = part_key.clone();
-                Partitioner::Hash {
-                    key_hash: Arc::new(move |t: &T| stable_hash(&k(t))),
-                    max_parallelism,
-                }
+                Partitioner::Hash { key_hash: Arc::new(move |t: &T| stable_hash(&k(t))), max_parallelism }
             }),
         );
         let f: crate::state::KeyedFn<K, T, S, O> = Arc::new(f);
@@ -553,24 +453,14 @@ impl<K: Key, T: Send + 'static> KeyedStream<K, T> {
                 key_fn: key.clone(),
                 f: f.clone(),
                 state: Default::default(),
-                range: KeyGroupRange::for_subtask(
-                    ctx.max_parallelism,
-                    ctx.parallelism,
-                    ctx.subtask,
-                ),
+                range: KeyGroupRange::for_subtask(ctx.max_parallelism, ctx.parallelism, ctx.subtask),
                 max_parallelism: ctx.max_parallelism,
                 next: tail,
             };
             op.restore(ctx.restore)?;
-            Ok(Box::new(InputBody {
-                inputs,
-                head: Box::new(op),
-            }) as Box<dyn TaskBody>)
+            Ok(Box::new(InputBody { inputs, head: Box::new(op) }) as Box<dyn TaskBody>)
         });
-        Stream {
-            job,
-            parts: vec![Part { stage, chain }],
-        }
+        Stream { job, parts: vec![Part { stage, chain }] }
     }
 
     /// Running reduction per key; emits the new value after every record.

@@ -28,11 +28,7 @@ pub(crate) trait Emit<T>: Send {
     fn flush(&mut self) -> Result<(), TaskError>;
     /// The task aligned `barrier`: add this element's state to `snap`, then pass the hook on. A router
     /// flushes and forwards the barrier; a sink prepares its transaction.
-    fn on_barrier(
-        &mut self,
-        barrier: &Barrier,
-        snap: &mut SnapshotBuilder,
-    ) -> Result<(), TaskError>;
+    fn on_barrier(&mut self, barrier: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError>;
     /// Every input ended: flush and forward end-of-stream.
     fn on_end(&mut self) -> Result<(), TaskError>;
     /// `checkpoint` is complete: commit what was prepared up to it.
@@ -115,10 +111,7 @@ pub(crate) enum Partitioner<T> {
     /// Subtask i sends to subtask i (equal parallelism).
     Forward,
     /// By key group of the record's key.
-    Hash {
-        key_hash: KeyHasher<T>,
-        max_parallelism: u32,
-    },
+    Hash { key_hash: KeyHasher<T>, max_parallelism: u32 },
     /// Round robin.
     Rebalance { next: usize },
     /// Every record to every subtask.
@@ -134,33 +127,14 @@ pub(crate) struct Router<T> {
 }
 
 impl<T: Send> Router<T> {
-    pub fn new(
-        outs: Vec<Sender<Message<T>>>,
-        part: Partitioner<T>,
-        batch_size: usize,
-    ) -> Router<T> {
-        assert!(
-            !outs.is_empty(),
-            "a router needs at least one output channel"
-        );
+    pub fn new(outs: Vec<Sender<Message<T>>>, part: Partitioner<T>, batch_size: usize) -> Router<T> {
+        assert!(!outs.is_empty(), "a router needs at least one output channel");
         assert!(batch_size >= 1);
         if matches!(part, Partitioner::Forward) {
-            assert_eq!(
-                outs.len(),
-                1,
-                "a forward edge has one channel per upstream subtask"
-            );
+            assert_eq!(outs.len(), 1, "a forward edge has one channel per upstream subtask");
         }
-        let bufs = outs
-            .iter()
-            .map(|_| Vec::with_capacity(batch_size))
-            .collect();
-        Router {
-            outs,
-            bufs,
-            part,
-            batch_size,
-        }
+        let bufs = outs.iter().map(|_| Vec::with_capacity(batch_size)).collect();
+        Router { outs, bufs, part, batch_size }
     }
 
     #[inline]
@@ -169,9 +143,7 @@ impl<T: Send> Router<T> {
         buf.push(item);
         if buf.len() >= self.batch_size {
             let full = std::mem::replace(buf, Vec::with_capacity(self.batch_size));
-            self.outs[i]
-                .send(Message::Data(full))
-                .map_err(|_| TaskError::Disconnected)?;
+            self.outs[i].send(Message::Data(full)).map_err(|_| TaskError::Disconnected)?;
         }
         Ok(())
     }
@@ -191,14 +163,9 @@ impl<T: Send> Emit<T> for Router<T> {
         let n = self.outs.len();
         match &mut self.part {
             Partitioner::Forward => self.push(0, item),
-            Partitioner::Hash {
-                key_hash,
-                max_parallelism,
-            } => {
+            Partitioner::Hash { key_hash, max_parallelism } => {
                 let kg = crate::state::key_group_of_hash(key_hash(&item), *max_parallelism);
-                let i =
-                    cutline_core::subtask_for_key_group(*max_parallelism, n as u32, KeyGroup(kg))
-                        as usize;
+                let i = cutline_core::subtask_for_key_group(*max_parallelism, n as u32, KeyGroup(kg)) as usize;
                 self.push(i, item)
             }
             Partitioner::Rebalance { next } => {
@@ -220,11 +187,8 @@ impl<T: Send> Emit<T> for Router<T> {
     fn flush(&mut self) -> Result<(), TaskError> {
         for i in 0..self.outs.len() {
             if !self.bufs[i].is_empty() {
-                let full =
-                    std::mem::replace(&mut self.bufs[i], Vec::with_capacity(self.batch_size));
-                self.outs[i]
-                    .send(Message::Data(full))
-                    .map_err(|_| TaskError::Disconnected)?;
+                let full = std::mem::replace(&mut self.bufs[i], Vec::with_capacity(self.batch_size));
+                self.outs[i].send(Message::Data(full)).map_err(|_| TaskError::Disconnected)?;
             }
         }
         Ok(())

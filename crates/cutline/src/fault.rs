@@ -46,10 +46,6 @@ impl Faults {
 
 impl std::fmt::Debug for Faults {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "Faults(policy)"
-        } else {
-            "Faults(none)"
-        })
+        f.write_str(if self.0.is_some() { "Faults(policy)" } else { "Faults(none)" })
     }
 }

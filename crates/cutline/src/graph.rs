@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 /// Everything a stage factory may use to build one task.
 pub(crate) struct StageCtx<'a> {
-    pub uid: String,
     pub subtask: u32,
     pub parallelism: u32,
     pub max_parallelism: u32,
@@ -31,9 +30,7 @@ pub(crate) struct StageCtx<'a> {
 }
 
 impl StageCtx<'_> {
-    pub fn take_inputs<T: Send + 'static>(
-        &mut self,
-    ) -> Vec<crossbeam_channel::Receiver<Message<T>>> {
+    pub fn take_inputs<T: Send + 'static>(&mut self) -> Vec<crossbeam_channel::Receiver<Message<T>>> {
         let mut all = Vec::new();
         for b in self.inputs.drain(..) {
             let v = b
@@ -53,56 +50,42 @@ impl StageCtx<'_> {
     }
 }
 
-pub(crate) type StageFactory =
-    Arc<dyn Fn(&mut StageCtx<'_>) -> Result<Box<dyn TaskBody>, TaskError> + Send + Sync>;
+pub(crate) type StageFactory = Arc<dyn Fn(&mut StageCtx<'_>) -> Result<Box<dyn TaskBody>, TaskError> + Send + Sync>;
 
 /// Makes the channels of one edge: per upstream subtask its boxed senders, per downstream subtask its
 /// boxed receivers. `capacity` None means unbounded (simulation only).
-pub(crate) type ChannelFactory = Arc<
-    dyn Fn(u32, u32, bool, Option<usize>) -> (Vec<Box<dyn Any + Send>>, Vec<Box<dyn Any + Send>>)
-        + Send
-        + Sync,
->;
+pub(crate) type ChannelFactory =
+    Arc<dyn Fn(u32, u32, bool, Option<usize>) -> (Vec<Box<dyn Any + Send>>, Vec<Box<dyn Any + Send>>) + Send + Sync>;
 
 pub(crate) fn channel_factory<T: Send + 'static>() -> ChannelFactory {
-    Arc::new(
-        |up: u32, down: u32, forward: bool, capacity: Option<usize>| {
-            let make = || match capacity {
-                Some(c) => crossbeam_channel::bounded::<Message<T>>(c),
-                None => crossbeam_channel::unbounded::<Message<T>>(),
-            };
-            let mut senders: Vec<Vec<crossbeam_channel::Sender<Message<T>>>> =
-                (0..up).map(|_| Vec::new()).collect();
-            let mut receivers: Vec<Vec<crossbeam_channel::Receiver<Message<T>>>> =
-                (0..down).map(|_| Vec::new()).collect();
-            if forward {
-                assert_eq!(up, down, "forward edge between different parallelisms");
-                for i in 0..up as usize {
+    Arc::new(|up: u32, down: u32, forward: bool, capacity: Option<usize>| {
+        let make = || match capacity {
+            Some(c) => crossbeam_channel::bounded::<Message<T>>(c),
+            None => crossbeam_channel::unbounded::<Message<T>>(),
+        };
+        let mut senders: Vec<Vec<crossbeam_channel::Sender<Message<T>>>> = (0..up).map(|_| Vec::new()).collect();
+        let mut receivers: Vec<Vec<crossbeam_channel::Receiver<Message<T>>>> = (0..down).map(|_| Vec::new()).collect();
+        if forward {
+            assert_eq!(up, down, "forward edge between different parallelisms");
+            for i in 0..up as usize {
+                let (s, r) = make();
+                senders[i].push(s);
+                receivers[i].push(r);
+            }
+        } else {
+            // Channel (u, d): senders of u ordered by d, receivers of d ordered by u.
+            for u in 0..up as usize {
+                for rx in receivers.iter_mut() {
                     let (s, r) = make();
-                    senders[i].push(s);
-                    receivers[i].push(r);
-                }
-            } else {
-                // Channel (u, d): senders of u ordered by d, receivers of d ordered by u.
-                for u in 0..up as usize {
-                    for rx in receivers.iter_mut() {
-                        let (s, r) = make();
-                        senders[u].push(s);
-                        rx.push(r);
-                    }
+                    senders[u].push(s);
+                    rx.push(r);
                 }
             }
-            let s = senders
-                .into_iter()
-                .map(|v| Box::new(v) as Box<dyn Any + Send>)
-                .collect();
-            let r = receivers
-                .into_iter()
-                .map(|v| Box::new(v) as Box<dyn Any + Send>)
-                .collect();
-            (s, r)
-        },
-    )
+        }
+        let s = senders.into_iter().map(|v| Box::new(v) as Box<dyn Any + Send>).collect();
+        let r = receivers.into_iter().map(|v| Box::new(v) as Box<dyn Any + Send>).collect();
+        (s, r)
+    })
 }
 
 /// Kind of an edge (for validation and display).
@@ -117,7 +100,6 @@ pub enum EdgeKind {
 pub(crate) struct StageSpec {
     pub uid: String,
     pub parallelism: u32,
-    pub is_source: bool,
     /// Ids of the stateful elements in this stage (checked against checkpoints).
     pub state_uids: Vec<String>,
     pub inputs: Vec<usize>,
@@ -170,9 +152,7 @@ impl JobGraph {
 
     /// Every stateful element uid of the job.
     pub(crate) fn state_uids(&self) -> impl Iterator<Item = &str> {
-        self.stages
-            .iter()
-            .flat_map(|s| s.state_uids.iter().map(|u| u.as_str()))
+        self.stages.iter().flat_map(|s| s.state_uids.iter().map(|u| u.as_str()))
     }
 
     /// A stable description of the graph's shape (stage ids, parallelism, edges).
@@ -204,27 +184,15 @@ impl JobGraph {
         let mut tasks = Vec::with_capacity(self.task_count());
         let mut next_id = 0u32;
         for (si, st) in self.stages.iter().enumerate() {
-            let factory = st
-                .factory
-                .as_ref()
-                .expect("validated: every stage is closed");
+            let factory = st.factory.as_ref().expect("validated: every stage is closed");
             for sub in 0..st.parallelism {
                 let inputs = st
                     .inputs
                     .iter()
-                    .map(|&e| {
-                        down_ends[e][sub as usize]
-                            .take()
-                            .expect("input end taken once")
-                    })
+                    .map(|&e| down_ends[e][sub as usize].take().expect("input end taken once"))
                     .collect();
-                let output = st.output.map(|e| {
-                    up_ends[e][sub as usize]
-                        .take()
-                        .expect("output end taken once")
-                });
+                let output = st.output.map(|e| up_ends[e][sub as usize].take().expect("output end taken once"));
                 let mut ctx = StageCtx {
-                    uid: st.uid.clone(),
                     subtask: sub,
                     parallelism: st.parallelism,
                     max_parallelism: self.max_parallelism,

@@ -33,9 +33,7 @@ pub fn wordcount_paced<S: Sink<(String, u64)> + Clone>(
         lines
     };
     lines
-        .flat_map(|line: String, out: &mut Vec<String>| {
-            out.extend(line.split_whitespace().map(str::to_string))
-        })
+        .flat_map(|line: String, out: &mut Vec<String>| out.extend(line.split_whitespace().map(str::to_string)))
         .key_by(|w: &String| w.clone())
         .aggregate("counts", || 0u64, |c, _w| *c += 1, |w, c| (w.clone(), *c))
         .sink("output", sink);
@@ -57,21 +55,18 @@ pub fn keyed_bench(events: u64, keys: u64, parallelism: u32) -> Job {
     assert!(keys > 0);
     let job = Job::new("bench");
     job.set_parallelism(parallelism);
-    job.source(
-        "events",
-        GeneratorSource::new(events, move |i| (splitmix64(i) % keys, i % 1000)),
-    )
-    .key_by(|e: &(u64, u64)| e.0)
-    .aggregate(
-        "count-sum",
-        || (0u64, 0u64),
-        |acc, e: (u64, u64)| {
-            acc.0 += 1;
-            acc.1 += e.1;
-        },
-        |k, acc| (*k, acc.0, acc.1),
-    )
-    .sink("discard", DiscardSink);
+    job.source("events", GeneratorSource::new(events, move |i| (splitmix64(i) % keys, i % 1000)))
+        .key_by(|e: &(u64, u64)| e.0)
+        .aggregate(
+            "count-sum",
+            || (0u64, 0u64),
+            |acc, e: (u64, u64)| {
+                acc.0 += 1;
+                acc.1 += e.1;
+            },
+            |k, acc| (*k, acc.0, acc.1),
+        )
+        .sink("discard", DiscardSink);
     job
 }
 
@@ -93,10 +88,7 @@ pub fn check_wordcount_output(text: &str, dir: &Path) -> std::io::Result<Vec<Str
             continue;
         }
         for line in std::fs::read_to_string(entry.path())?.lines() {
-            match line
-                .split_once('\t')
-                .and_then(|(w, c)| c.parse::<u64>().ok().map(|c| (w, c)))
-            {
+            match line.split_once('\t').and_then(|(w, c)| c.parse::<u64>().ok().map(|c| (w, c))) {
                 Some((w, c)) => seen.entry(w.to_string()).or_default().push(c),
                 None => problems.push(format!("malformed line {line:?} in {name}")),
             }
@@ -108,10 +100,7 @@ pub fn check_wordcount_output(text: &str, dir: &Path) -> std::io::Result<Vec<Str
         let want: Vec<u64> = (1..=*n).collect();
         if got != want {
             let dups = got.windows(2).filter(|p| p[0] == p[1]).count();
-            problems.push(format!(
-                "word {w:?}: {} updates committed, expected {n} ({dups} duplicated)",
-                got.len()
-            ));
+            problems.push(format!("word {w:?}: {} updates committed, expected {n} ({dups} duplicated)", got.len()));
         }
     }
     for w in seen.keys() {
@@ -137,15 +126,11 @@ pub fn drill_run(seed: u64) -> Result<String, String> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let mut rng = Rng::new(seed);
-    let words = [
-        "cut", "epoch", "barrier", "state", "sink", "source", "commit", "abort", "restore", "align",
-    ];
+    let words = ["cut", "epoch", "barrier", "state", "sink", "source", "commit", "abort", "restore", "align"];
     let mut text = String::new();
     for _ in 0..3000 {
         let n = 1 + rng.below(8);
-        let line: Vec<&str> = (0..n)
-            .map(|_| words[rng.below(words.len() as u64) as usize])
-            .collect();
+        let line: Vec<&str> = (0..n).map(|_| words[rng.below(words.len() as u64) as usize]).collect();
         text.push_str(&line.join(" "));
         text.push('\n');
     }
@@ -166,25 +151,18 @@ pub fn drill_run(seed: u64) -> Result<String, String> {
     };
     let inject = Arc::new(inject);
     let i2 = inject.clone();
-    let store = FaultyStore::new(
-        LocalDirStore::open(dir.join("state")).map_err(|e| e.to_string())?,
-        move |op| match op {
+    let store =
+        FaultyStore::new(LocalDirStore::open(dir.join("state")).map_err(|e| e.to_string())?, move |op| match op {
             StoreOp::WriteTaskState { .. }
             | StoreOp::CommitManifest { .. }
             | StoreOp::CommitManifestAfterWrite { .. } => i2(30_000),
             _ => false,
-        },
-    );
-    let graph = wordcount_paced(&input, 2, wordcount_file_sink(&output), 100)
-        .build()
-        .map_err(|e| e.to_string())?;
+        });
+    let graph = wordcount_paced(&input, 2, wordcount_file_sink(&output), 100).build().map_err(|e| e.to_string())?;
     let mut cfg = RunConfig::new(Arc::new(store), format!("drill-{seed}"));
     cfg.checkpoint.interval_ms = Some(20);
     cfg.checkpoint.tolerable_failures = 1;
-    cfg.restart = RestartStrategy::FixedDelay {
-        delay_ms: 10,
-        max_attempts: 100,
-    };
+    cfg.restart = RestartStrategy::FixedDelay { delay_ms: 10, max_attempts: 100 };
     cfg.batch_size = 16;
     let i3 = inject.clone();
     cfg.faults = Faults::new(move |p| match p {
@@ -196,10 +174,7 @@ pub fn drill_run(seed: u64) -> Result<String, String> {
     let injected = 6 - budget.lock().expect("drill rng").1;
     let _ = std::fs::remove_dir_all(&dir);
     if !problems.is_empty() {
-        return Err(format!(
-            "seed {seed}: output differs from the failure-free run: {}",
-            problems.join("; ")
-        ));
+        return Err(format!("seed {seed}: output differs from the failure-free run: {}", problems.join("; ")));
     }
     Ok(format!(
         "PASS: {injected} failures injected, {} restarts, {} checkpoints completed, {} failed, output exact",

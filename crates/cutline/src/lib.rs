@@ -47,8 +47,7 @@ pub use graph::{EdgeKind, JobGraph};
 pub use message::TaskError;
 pub use runtime::{run, JobReport, RunConfig, RunError};
 pub use sink::{
-    DiscardSink, MemoryTxnSink, MemoryTxnStore, PendingFile, PrintSink, Sink, SinkContext,
-    TransactionalFileSink,
+    DiscardSink, MemoryTxnSink, MemoryTxnStore, PendingFile, PrintSink, Sink, SinkContext, TransactionalFileSink,
 };
 pub use source::{GeneratorSource, LineFileSource, LineOffset, Source, SourceStatus};
 pub use state::{splitmix64, stable_hash, Output};

@@ -25,7 +25,9 @@ pub(crate) enum Control {
     Trigger(Barrier),
     /// Checkpoint complete: sinks commit everything prepared up to and including it.
     Complete(CheckpointId),
-    /// The checkpoint will never complete.
+    /// The checkpoint will never complete. Informational: prepared sink data stays for the next
+    /// completed checkpoint; the id is kept for debugging.
+    #[allow(dead_code)]
     Abort(CheckpointId),
     /// Stop now (failover or shutdown).
     Cancel,

@@ -13,13 +13,9 @@ use crate::state::{RestoreIndex, SnapshotBuilder};
 use crate::task::{SnapshotTimings, SourcePhase, Task, TaskEnv};
 use crossbeam_channel::{Receiver, Select, Sender};
 use cutline_core::barrier::{Barrier, SnapshotKind};
-use cutline_core::coordinator::{
-    CheckpointConfig, Coordinator, Decision, Event, Outcome, EPOCH_LEASE_BLOCK,
-};
+use cutline_core::coordinator::{CheckpointConfig, Coordinator, Decision, Event, Outcome, EPOCH_LEASE_BLOCK};
 use cutline_core::restart::{RestartDecision, RestartStrategy, RestartTracker};
-use cutline_core::{
-    CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex, TaskId, TimeMs,
-};
+use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex, TaskId, TimeMs};
 use cutline_storage::{CheckpointStore, JobMeta, Manifest, StorageError, TaskStateHandle};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -84,14 +80,8 @@ impl RunConfig {
         if self.retain == 0 {
             return bad("retain must keep at least 1 checkpoint");
         }
-        if self.channel_capacity == 0
-            || self.batch_size == 0
-            || self.snapshot_writers == 0
-            || self.tick_ms == 0
-        {
-            return bad(
-                "channel capacity, batch size, snapshot writers and tick must all be positive",
-            );
+        if self.channel_capacity == 0 || self.batch_size == 0 || self.snapshot_writers == 0 || self.tick_ms == 0 {
+            return bad("channel capacity, batch size, snapshot writers and tick must all be positive");
         }
         Ok(())
     }
@@ -103,18 +93,11 @@ pub enum RunError {
     #[error("invalid configuration: {0}")]
     Config(String),
     #[error("the state directory {store} belongs to job {found:?}, not {expected:?}: use another --state directory")]
-    WrongJob {
-        store: String,
-        found: String,
-        expected: String,
-    },
+    WrongJob { store: String, found: String, expected: String },
     #[error("checkpoint storage: {0}")]
     Storage(#[from] StorageError),
     #[error("cannot restore checkpoint {checkpoint}: {reason}")]
-    Restore {
-        checkpoint: CheckpointId,
-        reason: String,
-    },
+    Restore { checkpoint: CheckpointId, reason: String },
     #[error("the job failed {attempts} times in a row and the restart strategy gave up; last failure: {last}")]
     GaveUp { attempts: u32, last: String },
     #[error("a task failed while the job was being deployed: {0}")]
@@ -154,11 +137,7 @@ pub struct AckReport {
 
 enum RtEvent {
     Coord(Event<AckReport>),
-    Failed {
-        generation: Generation,
-        task: TaskId,
-        error: String,
-    },
+    Failed { generation: Generation, task: TaskId, error: String },
 }
 
 struct WriteJob {
@@ -193,13 +172,7 @@ impl TaskEnv for RtEnv {
     fn now(&self) -> TimeMs {
         TimeMs(self.start.elapsed().as_millis() as u64)
     }
-    fn persist(
-        &mut self,
-        task: TaskId,
-        barrier: Barrier,
-        snap: SnapshotBuilder,
-        timings: SnapshotTimings,
-    ) {
+    fn persist(&mut self, task: TaskId, barrier: Barrier, snap: SnapshotBuilder, timings: SnapshotTimings) {
         let m = &self.metas[task.0 as usize];
         let job = WriteJob {
             generation: self.generation,
@@ -217,24 +190,15 @@ impl TaskEnv for RtEnv {
         let _ = self.writer.send(job);
     }
     fn source_finished(&mut self, task: TaskId) {
-        let _ = self.events.send(RtEvent::Coord(Event::SourceFinished {
-            generation: self.generation,
-            task,
-        }));
+        let _ = self.events.send(RtEvent::Coord(Event::SourceFinished { generation: self.generation, task }));
     }
     fn task_finished(&mut self, task: TaskId) {
-        let _ = self.events.send(RtEvent::Coord(Event::TaskFinished {
-            generation: self.generation,
-            task,
-        }));
+        let _ = self.events.send(RtEvent::Coord(Event::TaskFinished { generation: self.generation, task }));
     }
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 fn log(cfg: &RunConfig, msg: impl FnOnce() -> String) {
@@ -259,18 +223,12 @@ pub(crate) fn load_checkpoint(
             expected: fingerprint.to_string(),
         });
     }
-    let mut index = RestoreIndex {
-        checkpoint: Some(id),
-        ..Default::default()
-    };
+    let mut index = RestoreIndex { checkpoint: Some(id), ..Default::default() };
     for h in &manifest.tasks {
         let payload = store.read_task_state(h)?;
         index
             .add_task_payload(h.subtask.0, h.parallelism, &payload)
-            .map_err(|reason| RunError::Restore {
-                checkpoint: id,
-                reason,
-            })?;
+            .map_err(|reason| RunError::Restore { checkpoint: id, reason })?;
     }
     let known: std::collections::BTreeSet<&str> = graph.state_uids().collect();
     for uid in index.elements.keys() {
@@ -316,11 +274,7 @@ pub(crate) enum Start {
 /// What every process start does before deploying: check the store belongs to this job, stop if the job
 /// already finished, start a new generation and a new epoch lease above everything issued before, and
 /// clear partial attempts of the previous process.
-pub(crate) fn prepare_start(
-    store: &dyn CheckpointStore,
-    fingerprint: &str,
-    retain: usize,
-) -> Result<Start, RunError> {
+pub(crate) fn prepare_start(store: &dyn CheckpointStore, fingerprint: &str, retain: usize) -> Result<Start, RunError> {
     let meta = store.read_meta()?;
     if let Some(m) = &meta {
         if m.job_fingerprint != fingerprint {
@@ -335,29 +289,14 @@ pub(crate) fn prepare_start(
         return Ok(Start::AlreadyFinished(c));
     }
     // Epochs: above the durable lease and above anything in storage, for the whole life of the job.
-    let seen = store
-        .max_checkpoint_id_seen()?
-        .map(|c| c.0 + 1)
-        .unwrap_or(1);
+    let seen = store.max_checkpoint_id_seen()?.map(|c| c.0 + 1).unwrap_or(1);
     let first = CheckpointId(seen.max(meta.as_ref().map(|m| m.epoch_lease_end.0).unwrap_or(1)));
-    let generation = meta
-        .as_ref()
-        .map(|m| m.generation)
-        .unwrap_or_default()
-        .next();
+    let generation = meta.as_ref().map(|m| m.generation).unwrap_or_default().next();
     let lease_end = CheckpointId(first.0 + EPOCH_LEASE_BLOCK);
-    store.write_meta(&JobMeta {
-        job_fingerprint: fingerprint.to_string(),
-        generation,
-        epoch_lease_end: lease_end,
-    })?;
+    store.write_meta(&JobMeta { job_fingerprint: fingerprint.to_string(), generation, epoch_lease_end: lease_end })?;
     // Partial attempts of a previous process are garbage now.
     store.gc(retain, &[])?;
-    Ok(Start::Run(StartInfo {
-        first,
-        generation,
-        lease_end,
-    }))
+    Ok(Start::Run(StartInfo { first, generation, lease_end }))
 }
 
 /// Run `graph` to completion with checkpoints and recovery. Starting again on the same store after the
@@ -368,14 +307,8 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
     let store = cfg.store.clone();
     let start = match prepare_start(&*store, &cfg.job_fingerprint, cfg.retain)? {
         Start::AlreadyFinished(c) => {
-            log(&cfg, || {
-                format!("job already finished with checkpoint {c}; nothing to do")
-            });
-            return Ok(JobReport {
-                already_finished: true,
-                final_checkpoint: Some(c),
-                ..Default::default()
-            });
+            log(&cfg, || format!("job already finished with checkpoint {c}; nothing to do"));
+            return Ok(JobReport { already_finished: true, final_checkpoint: Some(c), ..Default::default() });
         }
         Start::Run(s) => s,
     };
@@ -392,9 +325,7 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
         }
         match restored {
             Some(r) => log(&cfg, || format!("{generation}: restoring checkpoint {r}")),
-            None => log(&cfg, || {
-                format!("{generation}: starting from scratch (no complete checkpoint)")
-            }),
+            None => log(&cfg, || format!("{generation}: starting from scratch (no complete checkpoint)")),
         }
         let opts = DeployOptions {
             restore: &index,
@@ -405,21 +336,26 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
         };
         let deployed = match graph.deploy(&opts) {
             Ok(d) => d,
-            Err(e @ (TaskError::State { .. } | TaskError::Source { .. }))
-                if restored.is_some() || failed_at.is_none() =>
-            {
-                return Err(RunError::Deploy(e));
+            // State that cannot be restored into this job will not get better by retrying.
+            Err(e @ TaskError::State { .. }) => return Err(RunError::Deploy(e)),
+            Err(e) => {
+                // A source or sink failed to open or recover: a failure like any other.
+                let reason = format!("deploying {generation}: {e}");
+                failed_at.get_or_insert_with(Instant::now);
+                after_failure(&cfg, &mut tracker, started, reason, &mut report)?;
+                generation = generation.next();
+                store.write_meta(&JobMeta {
+                    job_fingerprint: cfg.job_fingerprint.clone(),
+                    generation,
+                    epoch_lease_end: lease_end,
+                })?;
+                continue;
             }
-            Err(e) => return Err(RunError::Deploy(e)),
         };
         drop(index);
         let now_ms = TimeMs(started.elapsed().as_millis() as u64);
         let ids: Vec<TaskId> = deployed.iter().map(|d| d.task.id).collect();
-        let sources: Vec<TaskId> = deployed
-            .iter()
-            .filter(|d| d.task.is_source())
-            .map(|d| d.task.id)
-            .collect();
+        let sources: Vec<TaskId> = deployed.iter().filter(|d| d.task.is_source()).map(|d| d.task.id).collect();
         let coord = match coordinator.as_mut() {
             None => {
                 coordinator = Some(Coordinator::new(
@@ -449,16 +385,7 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
         if let Some(at) = failed_at.take() {
             report.recovery_ms.push(at.elapsed().as_millis() as u64);
         }
-        let outcome = run_generation(
-            graph,
-            &cfg,
-            coord,
-            deployed,
-            generation,
-            started,
-            &mut report,
-            &mut lease_end,
-        )?;
+        let outcome = run_generation(graph, &cfg, coord, deployed, generation, started, &mut report, &mut lease_end)?;
         match outcome {
             GenerationOutcome::Finished(c) => {
                 report.final_checkpoint = Some(c);
@@ -469,22 +396,7 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
             }
             GenerationOutcome::FailedOver(reason) => {
                 failed_at = Some(Instant::now());
-                log(&cfg, || format!("failing over: {reason}"));
-                match tracker.on_failure(TimeMs(started.elapsed().as_millis() as u64)) {
-                    RestartDecision::GiveUp { attempts } => {
-                        return Err(RunError::GaveUp {
-                            attempts,
-                            last: reason,
-                        });
-                    }
-                    RestartDecision::RestartAfter { delay_ms, attempt } => {
-                        log(&cfg, || {
-                            format!("restart attempt {attempt} in {delay_ms} ms")
-                        });
-                        std::thread::sleep(Duration::from_millis(delay_ms));
-                    }
-                }
-                report.restarts += 1;
+                after_failure(&cfg, &mut tracker, started, reason, &mut report)?;
                 generation = generation.next();
                 store.write_meta(&JobMeta {
                     job_fingerprint: cfg.job_fingerprint.clone(),
@@ -492,6 +404,26 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
                     epoch_lease_end: lease_end,
                 })?;
             }
+        }
+    }
+}
+
+/// Ask the restart strategy; wait its delay or give up.
+fn after_failure(
+    cfg: &RunConfig,
+    tracker: &mut RestartTracker,
+    started: Instant,
+    reason: String,
+    report: &mut JobReport,
+) -> Result<(), RunError> {
+    log(cfg, || format!("failing over: {reason}"));
+    match tracker.on_failure(TimeMs(started.elapsed().as_millis() as u64)) {
+        RestartDecision::GiveUp { attempts } => Err(RunError::GaveUp { attempts, last: reason }),
+        RestartDecision::RestartAfter { delay_ms, attempt } => {
+            log(cfg, || format!("restart attempt {attempt} in {delay_ms} ms"));
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            report.restarts += 1;
+            Ok(())
         }
     }
 }
@@ -520,17 +452,13 @@ fn run_generation(
             .iter()
             .map(|d| {
                 let st = &graph.stages[d.stage];
-                let keyed = st
-                    .inputs
-                    .first()
-                    .is_some_and(|e| graph.edges[*e].kind == EdgeKind::Hash);
+                let keyed = st.inputs.first().is_some_and(|e| graph.edges[*e].kind == EdgeKind::Hash);
                 TaskMeta {
                     operator: OperatorId::new(st.uid.clone()),
                     subtask: d.subtask,
                     parallelism: st.parallelism,
-                    key_groups: keyed.then(|| {
-                        KeyGroupRange::for_subtask(graph.max_parallelism, st.parallelism, d.subtask)
-                    }),
+                    key_groups: keyed
+                        .then(|| KeyGroupRange::for_subtask(graph.max_parallelism, st.parallelism, d.subtask)),
                 }
             })
             .collect(),
@@ -560,20 +488,12 @@ fn run_generation(
         if d.task.is_source() {
             source_ids.push(d.task.id);
         }
-        let env = RtEnv {
-            start: started,
-            generation,
-            writer: wr_tx.clone(),
-            events: ev_tx.clone(),
-            metas: metas.clone(),
-        };
+        let env =
+            RtEnv { start: started, generation, writer: wr_tx.clone(), events: ev_tx.clone(), metas: metas.clone() };
         let name = d.task.name.clone();
         let task = d.task;
         handles.push(
-            std::thread::Builder::new()
-                .name(name)
-                .spawn(move || task_thread(task, c_rx, env))
-                .expect("spawn task"),
+            std::thread::Builder::new().name(name).spawn(move || task_thread(task, c_rx, env)).expect("spawn task"),
         );
     }
     drop(wr_tx);
@@ -587,19 +507,9 @@ fn run_generation(
     let outcome = 'run: loop {
         match ev_rx.recv_timeout(tick) {
             Ok(RtEvent::Coord(e)) => coord.handle(now(), e, &mut out),
-            Ok(RtEvent::Failed {
-                generation: g,
-                task,
-                error,
-            }) => coord.handle(
-                now(),
-                Event::TaskFailed {
-                    generation: g,
-                    task,
-                    reason: error,
-                },
-                &mut out,
-            ),
+            Ok(RtEvent::Failed { generation: g, task, error }) => {
+                coord.handle(now(), Event::TaskFailed { generation: g, task, reason: error }, &mut out)
+            }
             Err(_) => coord.handle(now(), Event::Tick, &mut out),
         }
         work.extend(out.drain(..));
@@ -619,20 +529,10 @@ fn run_generation(
                         let _ = controls[s.0 as usize].send(Control::Trigger(barrier));
                     }
                 }
-                Decision::CommitManifest {
-                    checkpoint,
-                    kind,
-                    generation: g,
-                    reports,
-                } => {
-                    let mut tasks: Vec<TaskStateHandle> =
-                        reports.iter().map(|(_, r)| r.handle.clone()).collect();
+                Decision::CommitManifest { checkpoint, kind, generation: g, reports } => {
+                    let mut tasks: Vec<TaskStateHandle> = reports.iter().map(|(_, r)| r.handle.clone()).collect();
                     tasks.sort_by(|a, b| (&a.operator, a.subtask).cmp(&(&b.operator, b.subtask)));
-                    let align = reports
-                        .iter()
-                        .map(|(_, r)| r.timings.alignment_ms)
-                        .max()
-                        .unwrap_or(0);
+                    let align = reports.iter().map(|(_, r)| r.timings.alignment_ms).max().unwrap_or(0);
                     let manifest = Manifest::new(
                         cfg.job_fingerprint.clone(),
                         checkpoint,
@@ -647,21 +547,14 @@ fn run_generation(
                             pending_stats.insert(checkpoint, (align, bytes));
                             coord.handle(now(), Event::ManifestCommitted { checkpoint }, &mut out);
                         }
-                        Err(e) => coord.handle(
-                            now(),
-                            Event::ManifestFailed {
-                                checkpoint,
-                                reason: e.to_string(),
-                            },
-                            &mut out,
-                        ),
+                        Err(e) => {
+                            coord.handle(now(), Event::ManifestFailed { checkpoint, reason: e.to_string() }, &mut out)
+                        }
                     }
                 }
                 Decision::NotifyComplete { checkpoint } => {
-                    if let Some(s) = coord
-                        .history()
-                        .filter(|s| s.checkpoint == checkpoint && s.outcome == Outcome::Completed)
-                        .last()
+                    if let Some(s) =
+                        coord.history().filter(|s| s.checkpoint == checkpoint && s.outcome == Outcome::Completed).last()
                     {
                         let d = s.duration_ms();
                         report.checkpoint_durations_ms.push(d);
@@ -678,17 +571,13 @@ fn run_generation(
                     store.gc(cfg.retain, &coord.pending())?;
                 }
                 Decision::Abort { checkpoint, reason } => {
-                    log(cfg, || {
-                        format!("checkpoint {checkpoint} aborted: {reason:?}")
-                    });
+                    log(cfg, || format!("checkpoint {checkpoint} aborted: {reason:?}"));
                     for c in &controls {
                         let _ = c.send(Control::Abort(checkpoint));
                     }
                     match store.discard(checkpoint) {
                         Ok(()) | Err(StorageError::DiscardComplete(_)) => {}
-                        Err(e) => log(cfg, || {
-                            format!("could not discard {checkpoint}: {e} (retention will)")
-                        }),
+                        Err(e) => log(cfg, || format!("could not discard {checkpoint}: {e} (retention will)")),
                     }
                 }
                 Decision::FailOver { reason } => break 'run GenerationOutcome::FailedOver(reason),
@@ -715,17 +604,10 @@ fn run_generation(
     Ok(outcome)
 }
 
-fn writer_loop(
-    rx: Receiver<WriteJob>,
-    events: Sender<RtEvent>,
-    store: Arc<dyn CheckpointStore>,
-    faults: Faults,
-) {
+fn writer_loop(rx: Receiver<WriteJob>, events: Sender<RtEvent>, store: Arc<dyn CheckpointStore>, faults: Faults) {
     for job in rx {
         let result = (|| -> Result<TaskStateHandle, String> {
-            faults
-                .check(FaultPoint::SnapshotWrite)
-                .map_err(|e| e.to_string())?;
+            faults.check(FaultPoint::SnapshotWrite).map_err(|e| e.to_string())?;
             let payload = job.snap.encode()?;
             store
                 .write_task_state(
@@ -768,10 +650,8 @@ fn task_thread(mut task: Task, ctrl: Receiver<Control>, mut env: RtEnv) {
         Ok(Ok(())) | Ok(Err(TaskError::Cancelled)) => return,
         Ok(Err(e)) => e.to_string(),
         Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
+            let msg =
+                panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
             format!("panicked: {}", msg.unwrap_or_else(|| "(no message)".into()))
         }
     };
@@ -790,9 +670,7 @@ fn drive(task: &mut Task, ctrl: &Receiver<Control>, env: &mut RtEnv) -> Result<(
                 match ctrl.try_recv() {
                     Ok(c) => task.on_control(c, env)?,
                     Err(crossbeam_channel::TryRecvError::Empty) => break,
-                    Err(crossbeam_channel::TryRecvError::Disconnected) => {
-                        return Err(TaskError::Cancelled)
-                    }
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => return Err(TaskError::Cancelled),
                 }
             }
             if task.is_finished() {
@@ -836,11 +714,7 @@ fn drive(task: &mut Task, ctrl: &Receiver<Control>, env: &mut RtEnv) -> Result<(
                     map.push((task.body().register(i, &mut sel), Some(i)));
                 }
             }
-            let r = if block {
-                Some(sel.ready())
-            } else {
-                sel.try_ready().ok()
-            }?;
+            let r = if block { Some(sel.ready()) } else { sel.try_ready().ok() }?;
             map.iter().find(|(op, _)| *op == r).map(|(_, i)| *i)
         };
         let picked = match pick(task, false) {
@@ -854,9 +728,7 @@ fn drive(task: &mut Task, ctrl: &Receiver<Control>, env: &mut RtEnv) -> Result<(
             None => match ctrl.try_recv() {
                 Ok(c) => task.on_control(c, env)?,
                 Err(crossbeam_channel::TryRecvError::Empty) => {}
-                Err(crossbeam_channel::TryRecvError::Disconnected) => {
-                    return Err(TaskError::Cancelled)
-                }
+                Err(crossbeam_channel::TryRecvError::Disconnected) => return Err(TaskError::Cancelled),
             },
             Some(i) => {
                 task.step_input(i, env)?;

@@ -23,12 +23,8 @@ use crate::state::{stable_hash, ElementState, SnapshotBuilder};
 use crate::task::{SnapshotTimings, SourcePhase, Task, TaskEnv};
 use cutline_core::barrier::{Barrier, CheckpointMode, SnapshotKind};
 use cutline_core::coordinator::{CheckpointConfig, Coordinator, Decision, Event};
-use cutline_core::{
-    CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex, TaskId, TimeMs,
-};
-use cutline_storage::{
-    CheckpointStore, FaultyStore, JobMeta, Manifest, MemStore, StoreOp, TaskStateHandle,
-};
+use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex, TaskId, TimeMs};
+use cutline_storage::{CheckpointStore, FaultyStore, JobMeta, Manifest, MemStore, StoreOp, TaskStateHandle};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -120,11 +116,8 @@ fn sim_job(o: &SimOptions, out: Arc<Mutex<MemoryTxnStore>>) -> JobGraph {
     let keys = o.keys;
     let job = Job::new("sim");
     job.set_parallelism(2).set_max_parallelism(16);
-    let left = job.source_with_parallelism(
-        "left",
-        2,
-        GeneratorSource::new(o.left_records, move |i| (left_key(i, keys), i)),
-    );
+    let left =
+        job.source_with_parallelism("left", 2, GeneratorSource::new(o.left_records, move |i| (left_key(i, keys), i)));
     let right = job.source_with_parallelism(
         "right",
         1,
@@ -132,22 +125,19 @@ fn sim_job(o: &SimOptions, out: Arc<Mutex<MemoryTxnStore>>) -> JobGraph {
     );
     left.connect(right)
         .key_by(|l: &(u64, u64)| l.0, |r: &(u64, u64)| r.0)
-        .process(
-            "join",
-            |k: &u64, state: &mut Option<(u64, u64)>, rec: Either<(u64, u64), (u64, u64)>, out| {
-                let s = state.get_or_insert((0, 0));
-                match rec {
-                    Either::Left(_) => {
-                        s.0 += 1;
-                        out.emit(format!("L:{k}:{}", s.0));
-                    }
-                    Either::Right(_) => {
-                        s.1 += 1;
-                        out.emit(format!("R:{k}:{}", s.1));
-                    }
+        .process("join", |k: &u64, state: &mut Option<(u64, u64)>, rec: Either<(u64, u64), (u64, u64)>, out| {
+            let s = state.get_or_insert((0, 0));
+            match rec {
+                Either::Left(_) => {
+                    s.0 += 1;
+                    out.emit(format!("L:{k}:{}", s.0));
                 }
-            },
-        )
+                Either::Right(_) => {
+                    s.1 += 1;
+                    out.emit(format!("R:{k}:{}", s.1));
+                }
+            }
+        })
         .map(|s: String| s)
         .sink("out", MemoryTxnSink::new(out));
     job.build().expect("sim job is valid")
@@ -201,13 +191,7 @@ impl TaskEnv for SimEnv<'_> {
     fn now(&self) -> TimeMs {
         self.now
     }
-    fn persist(
-        &mut self,
-        task: TaskId,
-        barrier: Barrier,
-        snap: SnapshotBuilder,
-        timings: SnapshotTimings,
-    ) {
+    fn persist(&mut self, task: TaskId, barrier: Barrier, snap: SnapshotBuilder, timings: SnapshotTimings) {
         let (operator, subtask, parallelism, key_groups) = self.metas[task.0 as usize].clone();
         self.writes.push(PendingWrite {
             generation: self.generation,
@@ -222,32 +206,20 @@ impl TaskEnv for SimEnv<'_> {
         });
     }
     fn source_finished(&mut self, task: TaskId) {
-        self.events
-            .push_back(SimEvent::Coord(Event::SourceFinished {
-                generation: self.generation,
-                task,
-            }));
+        self.events.push_back(SimEvent::Coord(Event::SourceFinished { generation: self.generation, task }));
     }
     fn task_finished(&mut self, task: TaskId) {
-        self.events.push_back(SimEvent::Coord(Event::TaskFinished {
-            generation: self.generation,
-            task,
-        }));
+        self.events.push_back(SimEvent::Coord(Event::TaskFinished { generation: self.generation, task }));
     }
 }
 
 /// Run one seed; `Err` describes the first violated property.
 pub fn run_seed(seed: u64, o: &SimOptions) -> Result<SimReport, String> {
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        Sim::new(seed, o.clone()).run()
-    }));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Sim::new(seed, o.clone()).run()));
     match result {
         Ok(r) => r,
         Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
             Err(format!("assertion failed: {}", msg.unwrap_or_default()))
         }
     }
@@ -275,26 +247,13 @@ impl Sim {
             let mut r = r2.lock().expect("rng");
             match op {
                 // Failing the meta write at start would only stop the simulated process; keep it simple.
-                StoreOp::WriteMeta
-                | StoreOp::Gc
-                | StoreOp::Discard { .. }
-                | StoreOp::MarkFinished => false,
+                StoreOp::WriteMeta | StoreOp::Gc | StoreOp::Discard { .. } | StoreOp::MarkFinished => false,
                 _ => r.chance(fail_ppm),
             }
         }));
         let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
         let graph = sim_job(&o, out.clone());
-        Sim {
-            seed,
-            o,
-            rng,
-            store,
-            out,
-            graph,
-            now: TimeMs(0),
-            report: SimReport::default(),
-            last_triggered: None,
-        }
+        Sim { seed, o, rng, store, out, graph, now: TimeMs(0), report: SimReport::default(), last_triggered: None }
     }
 
     fn rand(&self, n: u64) -> u64 {
@@ -346,16 +305,9 @@ impl Sim {
                 // Every record of the failure-free run must be there; replays may add duplicates, and
                 // state that counted a replayed record twice emits higher counts.
                 let have: std::collections::BTreeSet<&String> = got.iter().collect();
-                let missing: Vec<&String> = expected
-                    .iter()
-                    .filter(|e| !have.contains(e))
-                    .take(5)
-                    .collect();
+                let missing: Vec<&String> = expected.iter().filter(|e| !have.contains(e)).take(5).collect();
                 if !missing.is_empty() {
-                    return Err(format!(
-                        "seed {}: at-least-once output lost records, e.g. {missing:?}",
-                        self.seed
-                    ));
+                    return Err(format!("seed {}: at-least-once output lost records, e.g. {missing:?}", self.seed));
                 }
             }
         }
@@ -364,18 +316,12 @@ impl Sim {
 
     fn process_life(&mut self) -> Result<Life, String> {
         let cfg = self.config();
-        let start = match prepare_start(&*self.store, FINGERPRINT, cfg.retain)
-            .map_err(|e| e.to_string())?
-        {
+        let start = match prepare_start(&*self.store, FINGERPRINT, cfg.retain).map_err(|e| e.to_string())? {
             Start::AlreadyFinished(_) => return Ok(Life::Finished),
             Start::Run(s) => s,
         };
         if let Some(l) = self.last_triggered {
-            assert!(
-                start.first > l,
-                "a new process would reuse epoch {} (last triggered {l})",
-                start.first
-            );
+            assert!(start.first > l, "a new process would reuse epoch {} (last triggered {l})", start.first);
         }
         let mut generation = start.generation;
         let mut lease_end = start.lease_end;
@@ -393,8 +339,7 @@ impl Sim {
         };
         loop {
             // Deploy a generation.
-            let (index, restored) =
-                restore_latest(&cfg, &self.graph).map_err(|e| format!("restore: {e}"))?;
+            let (index, restored) = restore_latest(&cfg, &self.graph).map_err(|e| format!("restore: {e}"))?;
             let opts = DeployOptions {
                 restore: &index,
                 faults: faults.clone(),
@@ -423,30 +368,18 @@ impl Sim {
                 .iter()
                 .map(|d| {
                     let st = &self.graph.stages[d.stage];
-                    let keyed = st
-                        .inputs
-                        .first()
-                        .is_some_and(|e| self.graph.edges[*e].kind == EdgeKind::Hash);
+                    let keyed = st.inputs.first().is_some_and(|e| self.graph.edges[*e].kind == EdgeKind::Hash);
                     (
                         OperatorId::new(st.uid.clone()),
                         d.subtask,
                         st.parallelism,
-                        keyed.then(|| {
-                            KeyGroupRange::for_subtask(
-                                self.graph.max_parallelism,
-                                st.parallelism,
-                                d.subtask,
-                            )
-                        }),
+                        keyed
+                            .then(|| KeyGroupRange::for_subtask(self.graph.max_parallelism, st.parallelism, d.subtask)),
                     )
                 })
                 .collect();
             let ids: Vec<TaskId> = deployed.iter().map(|d| d.task.id).collect();
-            let sources: Vec<TaskId> = deployed
-                .iter()
-                .filter(|d| d.task.is_source())
-                .map(|d| d.task.id)
-                .collect();
+            let sources: Vec<TaskId> = deployed.iter().filter(|d| d.task.is_source()).map(|d| d.task.id).collect();
             let coord = match coordinator.as_mut() {
                 None => {
                     coordinator = Some(Coordinator::new(
@@ -463,14 +396,7 @@ impl Sim {
                 }
                 Some(c) => {
                     let mut out = Vec::new();
-                    c.restart(
-                        generation,
-                        ids,
-                        sources.clone(),
-                        restored,
-                        self.now,
-                        &mut out,
-                    );
+                    c.restart(generation, ids, sources.clone(), restored, self.now, &mut out);
                     for d in out {
                         if let Decision::Abort { checkpoint, .. } = d {
                             let _ = self.store.discard(checkpoint);
@@ -480,15 +406,7 @@ impl Sim {
                 }
             };
             let mut tasks: Vec<Option<Task>> = deployed.into_iter().map(|d| Some(d.task)).collect();
-            match run_generation_sim(
-                self,
-                coord,
-                &mut tasks,
-                &metas,
-                generation,
-                &mut lease_end,
-                &cfg,
-            )? {
+            match run_generation_sim(self, coord, &mut tasks, &metas, generation, &mut lease_end, &cfg)? {
                 GenEnd::Finished => return Ok(Life::Finished),
                 GenEnd::ProcessCrash => return Ok(Life::Crashed),
                 GenEnd::FailOver => {
@@ -529,11 +447,9 @@ impl Sim {
                     parts
                         .iter()
                         .map(|p| match &p.state {
-                            ElementState::Plain(b) => (
-                                p.subtask,
-                                p.parallelism,
-                                postcard::from_bytes::<u64>(b).expect("offset"),
-                            ),
+                            ElementState::Plain(b) => {
+                                (p.subtask, p.parallelism, postcard::from_bytes::<u64>(b).expect("offset"))
+                            }
                             _ => panic!("source offset is keyed"),
                         })
                         .collect()
@@ -554,12 +470,7 @@ impl Sim {
             }
         }
         let mut have: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
-        for p in index
-            .elements
-            .get("join")
-            .map(|v| v.as_slice())
-            .unwrap_or(&[])
-        {
+        for p in index.elements.get("join").map(|v| v.as_slice()).unwrap_or(&[]) {
             let ElementState::Keyed { groups, .. } = &p.state else {
                 return Err("join state is not keyed".into());
             };
@@ -568,13 +479,7 @@ impl Sim {
                 while !b.is_empty() {
                     let ((k, v), rest): ((u64, (u64, u64)), &[u8]) =
                         postcard::take_from_bytes(b).map_err(|e| e.to_string())?;
-                    assert_eq!(
-                        crate::state::key_group_of_hash(
-                            stable_hash(&k),
-                            self.graph.max_parallelism
-                        ),
-                        *kg
-                    );
+                    assert_eq!(crate::state::key_group_of_hash(stable_hash(&k), self.graph.max_parallelism), *kg);
                     have.insert(k, v);
                     b = rest;
                 }
@@ -582,9 +487,9 @@ impl Sim {
         }
         let ok = match self.o.mode {
             CheckpointMode::ExactlyOnce => have == want,
-            CheckpointMode::AtLeastOnce => want
-                .iter()
-                .all(|(k, (l, r))| have.get(k).is_some_and(|(hl, hr)| hl >= l && hr >= r)),
+            CheckpointMode::AtLeastOnce => {
+                want.iter().all(|(k, (l, r))| have.get(k).is_some_and(|(hl, hr)| hl >= l && hr >= r))
+            }
         };
         if !ok {
             return Err(format!("checkpoint {id} is not a consistent cut: state {have:?}, the offsets imply {want:?}"));
@@ -613,19 +518,13 @@ fn diff(want: &[String], got: &[String]) -> String {
     for s in got {
         *w.entry(s).or_default() -= 1;
     }
-    let missing: Vec<&str> = w
-        .iter()
-        .filter(|(_, c)| **c > 0)
-        .map(|(s, _)| *s)
-        .take(5)
-        .collect();
-    let extra: Vec<&str> = w
-        .iter()
-        .filter(|(_, c)| **c < 0)
-        .map(|(s, _)| *s)
-        .take(5)
-        .collect();
-    format!("{} records expected, {} committed; missing e.g. {missing:?}; duplicated/unexpected e.g. {extra:?}", want.len(), got.len())
+    let missing: Vec<&str> = w.iter().filter(|(_, c)| **c > 0).map(|(s, _)| *s).take(5).collect();
+    let extra: Vec<&str> = w.iter().filter(|(_, c)| **c < 0).map(|(s, _)| *s).take(5).collect();
+    format!(
+        "{} records expected, {} committed; missing e.g. {missing:?}; duplicated/unexpected e.g. {extra:?}",
+        want.len(),
+        got.len()
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -659,13 +558,7 @@ fn run_generation_sim(
         let mut failed: Option<(TaskId, String)> = None;
         let choice = sim.rand(100);
         {
-            let mut env = SimEnv {
-                now: sim.now,
-                generation,
-                writes: &mut writes,
-                events: &mut events,
-                metas,
-            };
+            let mut env = SimEnv { now: sim.now, generation, writes: &mut writes, events: &mut events, metas };
             if choice < 45 {
                 // Deliver one data message on a random (task, readable input) that has one.
                 let mut cands = Vec::new();
@@ -687,9 +580,7 @@ fn run_generation_sim(
                     let (ti, input) = cands[sim.rand(cands.len() as u64) as usize];
                     let t = tasks[ti].as_mut().expect("alive");
                     let r = match input {
-                        None => t
-                            .step_source(&mut env)
-                            .map(|s| debug_assert!(s != SourceStatus::Idle)),
+                        None => t.step_source(&mut env).map(|s| debug_assert!(s != SourceStatus::Idle)),
                         Some(i) => t.step_input(i, &mut env).map(|_| ()),
                     };
                     if let Err(e) = r {
@@ -698,9 +589,8 @@ fn run_generation_sim(
                 }
             } else if choice < 60 {
                 // Deliver one control message (per task in order).
-                let cands: Vec<usize> = (0..tasks.len())
-                    .filter(|i| tasks[*i].is_some() && !controls[*i].is_empty())
-                    .collect();
+                let cands: Vec<usize> =
+                    (0..tasks.len()).filter(|i| tasks[*i].is_some() && !controls[*i].is_empty()).collect();
                 if !cands.is_empty() {
                     let ti = cands[sim.rand(cands.len() as u64) as usize];
                     let c = controls[ti].pop_front().expect("non-empty");
@@ -712,25 +602,19 @@ fn run_generation_sim(
             } else if choice < 72 {
                 // Complete one pending snapshot write, in any order.
                 if !env.writes.is_empty() {
-                    let w = env
-                        .writes
-                        .swap_remove(sim.rand(env.writes.len() as u64) as usize);
-                    let ev = match w
-                        .snap
-                        .encode()
-                        .map_err(|e| e.to_string())
-                        .and_then(|payload| {
-                            store
-                                .write_task_state(
-                                    w.barrier.checkpoint,
-                                    &w.operator,
-                                    SubtaskIndex(w.subtask),
-                                    w.parallelism,
-                                    w.key_groups,
-                                    &payload,
-                                )
-                                .map_err(|e| e.to_string())
-                        }) {
+                    let w = env.writes.swap_remove(sim.rand(env.writes.len() as u64) as usize);
+                    let ev = match w.snap.encode().map_err(|e| e.to_string()).and_then(|payload| {
+                        store
+                            .write_task_state(
+                                w.barrier.checkpoint,
+                                &w.operator,
+                                SubtaskIndex(w.subtask),
+                                w.parallelism,
+                                w.key_groups,
+                                &payload,
+                            )
+                            .map_err(|e| e.to_string())
+                    }) {
                         Ok(handle) => Event::Acked {
                             generation: w.generation,
                             checkpoint: w.barrier.checkpoint,
@@ -768,11 +652,7 @@ fn run_generation_sim(
         }
         if let Some((task, reason)) = failed {
             tasks[task.0 as usize] = None; // the task is gone
-            events.push_back(SimEvent::Coord(Event::TaskFailed {
-                generation,
-                task,
-                reason,
-            }));
+            events.push_back(SimEvent::Coord(Event::TaskFailed { generation, task, reason }));
         }
         // Quiescent? Flush everything so that partial batches cannot stall the job.
         // Feed events to the coordinator and carry out its decisions.
@@ -807,38 +687,19 @@ fn run_generation_sim(
                             }
                         }
                     }
-                    Decision::CommitManifest {
-                        checkpoint,
-                        kind,
-                        generation: g,
-                        reports,
-                    } => {
+                    Decision::CommitManifest { checkpoint, kind, generation: g, reports } => {
                         assert_eq!(g, generation);
-                        let handles: Vec<TaskStateHandle> =
-                            reports.into_iter().map(|(_, h)| h).collect();
-                        let m = Manifest::new(
-                            FINGERPRINT,
-                            checkpoint,
-                            g,
-                            sim.now.0,
-                            kind == SnapshotKind::Final,
-                            handles,
-                        );
+                        let handles: Vec<TaskStateHandle> = reports.into_iter().map(|(_, h)| h).collect();
+                        let m =
+                            Manifest::new(FINGERPRINT, checkpoint, g, sim.now.0, kind == SnapshotKind::Final, handles);
                         match store.commit_manifest(&m) {
                             Ok(()) => {
                                 sim.check_cut(checkpoint)?;
-                                coord.handle(
-                                    sim.now,
-                                    Event::ManifestCommitted { checkpoint },
-                                    &mut out,
-                                );
+                                coord.handle(sim.now, Event::ManifestCommitted { checkpoint }, &mut out);
                             }
                             Err(e) => coord.handle(
                                 sim.now,
-                                Event::ManifestFailed {
-                                    checkpoint,
-                                    reason: e.to_string(),
-                                },
+                                Event::ManifestFailed { checkpoint, reason: e.to_string() },
                                 &mut out,
                             ),
                         }
@@ -850,9 +711,7 @@ fn run_generation_sim(
                                 controls[i].push_back(Control::Complete(checkpoint));
                             }
                         }
-                        store
-                            .gc(cfg.retain, &coord.pending())
-                            .map_err(|e| e.to_string())?;
+                        store.gc(cfg.retain, &coord.pending()).map_err(|e| e.to_string())?;
                     }
                     Decision::Abort { checkpoint, .. } => {
                         for (i, t) in tasks.iter().enumerate() {

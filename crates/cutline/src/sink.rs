@@ -65,71 +65,40 @@ pub(crate) struct SinkEmit<T, S: Sink<T>> {
 }
 
 impl<T: Send + 'static, S: Sink<T>> SinkEmit<T, S> {
-    pub fn open(
-        mut sink: S,
-        ctx: SinkContext,
-        restore: &RestoreIndex,
-        faults: Faults,
-    ) -> Result<Self, TaskError> {
+    pub fn open(mut sink: S, ctx: SinkContext, restore: &RestoreIndex, faults: Faults) -> Result<Self, TaskError> {
         let uid = ctx.uid.clone();
-        let err = |m: String| TaskError::Sink {
-            uid: uid.clone(),
-            message: m,
-        };
+        let err = |m: String| TaskError::Sink { uid: uid.clone(), message: m };
         sink.open(&ctx).map_err(err)?;
         let restored: BTreeMap<CheckpointId, S::Committable> =
             match restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
-                Some(bytes) => postcard::from_bytes(bytes)
-                    .map_err(|e| err(format!("decoding sink state: {e}")))?,
+                Some(bytes) => postcard::from_bytes(bytes).map_err(|e| err(format!("decoding sink state: {e}")))?,
                 None => BTreeMap::new(),
             };
         if let Some(c) = restore.checkpoint {
-            assert!(
-                restored.keys().all(|k| *k <= c),
-                "{uid}: restored committables newer than checkpoint {c}"
-            );
+            assert!(restored.keys().all(|k| *k <= c), "{uid}: restored committables newer than checkpoint {c}");
         }
         let to_commit: Vec<S::Committable> = restored.into_values().collect();
         faults.check(FaultPoint::SinkRecover)?;
         sink.recover(&to_commit).map_err(err)?;
-        Ok(SinkEmit {
-            uid,
-            sink,
-            uncommitted: BTreeMap::new(),
-            faults,
-            _t: std::marker::PhantomData,
-        })
+        Ok(SinkEmit { uid, sink, uncommitted: BTreeMap::new(), faults, _t: std::marker::PhantomData })
     }
 }
 
 impl<T: Send + 'static, S: Sink<T>> Emit<T> for SinkEmit<T, S> {
     #[inline]
     fn emit(&mut self, item: T) -> Result<(), TaskError> {
-        self.sink.write(item).map_err(|m| TaskError::Sink {
-            uid: self.uid.clone(),
-            message: m,
-        })
+        self.sink.write(item).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })
     }
     fn flush(&mut self) -> Result<(), TaskError> {
         Ok(())
     }
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
         self.faults.check(FaultPoint::SinkPrepare)?;
-        if let Some(c) = self
-            .sink
-            .prepare(b.checkpoint)
-            .map_err(|m| TaskError::Sink {
-                uid: self.uid.clone(),
-                message: m,
-            })?
+        if let Some(c) =
+            self.sink.prepare(b.checkpoint).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })?
         {
             let prev = self.uncommitted.insert(b.checkpoint, c);
-            assert!(
-                prev.is_none(),
-                "{}: prepared twice for {}",
-                self.uid,
-                b.checkpoint
-            );
+            assert!(prev.is_none(), "{}: prepared twice for {}", self.uid, b.checkpoint);
         }
         snap.add(&self.uid, encode_plain(&self.uid, &self.uncommitted)?);
         Ok(())
@@ -138,27 +107,17 @@ impl<T: Send + 'static, S: Sink<T>> Emit<T> for SinkEmit<T, S> {
         Ok(())
     }
     fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError> {
-        let done: Vec<CheckpointId> = self
-            .uncommitted
-            .range(..=checkpoint)
-            .map(|(k, _)| *k)
-            .collect();
+        let done: Vec<CheckpointId> = self.uncommitted.range(..=checkpoint).map(|(k, _)| *k).collect();
         if done.is_empty() {
             return Ok(());
         }
         let batch: Vec<S::Committable> = done.iter().map(|k| self.uncommitted[k].clone()).collect();
         self.faults.check(FaultPoint::SinkCommit)?;
         let (first, rest) = batch.split_at(1);
-        self.sink.commit(first).map_err(|m| TaskError::Sink {
-            uid: self.uid.clone(),
-            message: m,
-        })?;
+        self.sink.commit(first).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })?;
         // A crash here leaves the commit half done; recovery must finish it.
         self.faults.check(FaultPoint::SinkCommitMidway)?;
-        self.sink.commit(rest).map_err(|m| TaskError::Sink {
-            uid: self.uid.clone(),
-            message: m,
-        })?;
+        self.sink.commit(rest).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })?;
         for k in done {
             self.uncommitted.remove(&k);
         }
@@ -192,10 +151,7 @@ pub(crate) const PENDING_DIR: &str = ".pending";
 
 impl<T> TransactionalFileSink<T> {
     /// `format` appends one record's bytes (without the newline) to the buffer.
-    pub fn new(
-        dir: impl Into<PathBuf>,
-        format: impl Fn(&T, &mut Vec<u8>) + Send + Sync + 'static,
-    ) -> Self {
+    pub fn new(dir: impl Into<PathBuf>, format: impl Fn(&T, &mut Vec<u8>) + Send + Sync + 'static) -> Self {
         TransactionalFileSink {
             dir: dir.into(),
             format: Arc::new(format),
@@ -234,17 +190,14 @@ fn io_err(what: &str, p: &Path, e: std::io::Error) -> String {
 }
 
 fn fsync_dir(p: &Path) -> Result<(), String> {
-    File::open(p)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_err("fsync of directory", p, e))
+    File::open(p).and_then(|d| d.sync_all()).map_err(|e| io_err("fsync of directory", p, e))
 }
 
 impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
     type Committable = PendingFile;
 
     fn open(&mut self, ctx: &SinkContext) -> Result<(), String> {
-        fs::create_dir_all(self.pending_dir())
-            .map_err(|e| io_err("cannot create", &self.pending_dir(), e))?;
+        fs::create_dir_all(self.pending_dir()).map_err(|e| io_err("cannot create", &self.pending_dir(), e))?;
         self.ctx = Some(ctx.clone());
         Ok(())
     }
@@ -258,8 +211,7 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
             let entry = entry.map_err(|e| io_err("cannot list", &dir, e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with(&prefix) && !keep.contains(name.as_str()) {
-                fs::remove_file(entry.path())
-                    .map_err(|e| io_err("cannot discard", &entry.path(), e))?;
+                fs::remove_file(entry.path()).map_err(|e| io_err("cannot discard", &entry.path(), e))?;
             }
         }
         Ok(())
@@ -282,19 +234,15 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
         (self.format)(&item, &mut self.line);
         self.line.push(b'\n');
         let (_, w) = self.open.as_mut().expect("just opened");
-        w.write_all(&self.line)
-            .map_err(|e| format!("writing pending output: {e}"))
+        w.write_all(&self.line).map_err(|e| format!("writing pending output: {e}"))
     }
 
     fn prepare(&mut self, checkpoint: CheckpointId) -> Result<Option<PendingFile>, String> {
         let Some((name, w)) = self.open.take() else {
             return Ok(None);
         };
-        let f = w
-            .into_inner()
-            .map_err(|e| format!("flushing pending output: {e}"))?;
-        f.sync_all()
-            .map_err(|e| format!("fsync of pending output: {e}"))?;
+        let f = w.into_inner().map_err(|e| format!("flushing pending output: {e}"))?;
+        f.sync_all().map_err(|e| format!("fsync of pending output: {e}"))?;
         let c = self.ctx.as_ref().expect("opened");
         Ok(Some(PendingFile {
             pending: name,
@@ -334,10 +282,7 @@ pub struct PrintSink<T> {
 
 impl<T> PrintSink<T> {
     pub fn new(prefix: impl Into<String>) -> Self {
-        PrintSink {
-            prefix: prefix.into(),
-            _t: std::marker::PhantomData,
-        }
+        PrintSink { prefix: prefix.into(), _t: std::marker::PhantomData }
     }
 }
 
@@ -399,10 +344,7 @@ pub struct MemoryTxnStore {
 impl MemoryTxnStore {
     /// Every committed record, in commit order.
     pub fn committed_records(&self) -> Vec<String> {
-        self.committed
-            .iter()
-            .flat_map(|(_, r)| r.iter().cloned())
-            .collect()
+        self.committed.iter().flat_map(|(_, r)| r.iter().cloned()).collect()
     }
     pub fn prepared_count(&self) -> usize {
         self.prepared.len()
@@ -426,12 +368,7 @@ impl Clone for MemoryTxnSink {
 
 impl MemoryTxnSink {
     pub fn new(store: Arc<Mutex<MemoryTxnStore>>) -> Self {
-        MemoryTxnSink {
-            store,
-            ctx: None,
-            open: Vec::new(),
-            seq: 0,
-        }
+        MemoryTxnSink { store, ctx: None, open: Vec::new(), seq: 0 }
     }
     fn prefix(&self) -> String {
         let c = self.ctx.as_ref().expect("opened");
@@ -465,10 +402,7 @@ impl<T: std::fmt::Display + Send + 'static> Sink<T> for MemoryTxnSink {
         self.seq += 1;
         let records = std::mem::take(&mut self.open);
         let mut s = self.store.lock().expect("store lock");
-        assert!(
-            !s.committed_keys.contains(&key) && !s.prepared.contains_key(&key),
-            "transaction key {key} reused"
-        );
+        assert!(!s.committed_keys.contains(&key) && !s.prepared.contains_key(&key), "transaction key {key} reused");
         s.prepared.insert(key.clone(), records);
         Ok(Some(key))
     }
@@ -479,9 +413,7 @@ impl<T: std::fmt::Display + Send + 'static> Sink<T> for MemoryTxnSink {
                 continue; // idempotent
             }
             let Some(records) = s.prepared.remove(key) else {
-                return Err(format!(
-                    "prepared transaction {key} is gone: committed output would be lost"
-                ));
+                return Err(format!("prepared transaction {key} is gone: committed output would be lost"));
             };
             s.committed_keys.insert(key.clone());
             s.committed.push((key.clone(), records));

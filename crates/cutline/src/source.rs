@@ -27,12 +27,7 @@ pub trait Source: Send + 'static {
     type Offset: Serialize + DeserializeOwned + Clone + Send + std::fmt::Debug + 'static;
 
     /// Open for `subtask` of `parallelism`, at `restored` if the job restores from a checkpoint.
-    fn open(
-        &mut self,
-        subtask: u32,
-        parallelism: u32,
-        restored: Option<Self::Offset>,
-    ) -> Result<(), String>;
+    fn open(&mut self, subtask: u32, parallelism: u32, restored: Option<Self::Offset>) -> Result<(), String>;
     /// Append up to `max` records to `out`.
     fn poll(&mut self, out: &mut Vec<Self::Item>, max: usize) -> Result<SourceStatus, String>;
     /// The position after the last record handed out by `poll`.
@@ -81,14 +76,8 @@ impl Source for LineFileSource {
     type Item = String;
     type Offset = LineOffset;
 
-    fn open(
-        &mut self,
-        subtask: u32,
-        parallelism: u32,
-        restored: Option<LineOffset>,
-    ) -> Result<(), String> {
-        let mut f = File::open(&self.path)
-            .map_err(|e| format!("cannot open {}: {e}", self.path.display()))?;
+    fn open(&mut self, subtask: u32, parallelism: u32, restored: Option<LineOffset>) -> Result<(), String> {
+        let mut f = File::open(&self.path).map_err(|e| format!("cannot open {}: {e}", self.path.display()))?;
         let state = restored.unwrap_or_default();
         let len = f.metadata().map_err(|e| e.to_string())?.len();
         if state.byte > len {
@@ -98,8 +87,7 @@ impl Source for LineFileSource {
                 state.byte
             ));
         }
-        f.seek(SeekFrom::Start(state.byte))
-            .map_err(|e| e.to_string())?;
+        f.seek(SeekFrom::Start(state.byte)).map_err(|e| e.to_string())?;
         self.reader = Some(BufReader::with_capacity(1 << 16, f));
         self.subtask = subtask;
         self.parallelism = parallelism;
@@ -112,15 +100,10 @@ impl Source for LineFileSource {
         let mut produced = 0;
         while produced < max {
             self.buf.clear();
-            let n = reader
-                .read_until(b'\n', &mut self.buf)
-                .map_err(|e| format!("reading {}: {e}", self.path.display()))?;
+            let n =
+                reader.read_until(b'\n', &mut self.buf).map_err(|e| format!("reading {}: {e}", self.path.display()))?;
             if n == 0 {
-                return Ok(if produced > 0 {
-                    SourceStatus::More
-                } else {
-                    SourceStatus::Finished
-                });
+                return Ok(if produced > 0 { SourceStatus::More } else { SourceStatus::Finished });
             }
             let line_no = self.state.line;
             self.state.byte += n as u64;
@@ -157,23 +140,13 @@ pub struct GeneratorSource<T> {
 
 impl<T> GeneratorSource<T> {
     pub fn new(count: u64, f: impl Fn(u64) -> T + Send + Sync + 'static) -> GeneratorSource<T> {
-        GeneratorSource {
-            count,
-            f: std::sync::Arc::new(f),
-            next: 0,
-            step: 1,
-        }
+        GeneratorSource { count, f: std::sync::Arc::new(f), next: 0, step: 1 }
     }
 }
 
 impl<T> Clone for GeneratorSource<T> {
     fn clone(&self) -> Self {
-        GeneratorSource {
-            count: self.count,
-            f: self.f.clone(),
-            next: self.next,
-            step: self.step,
-        }
+        GeneratorSource { count: self.count, f: self.f.clone(), next: self.next, step: self.step }
     }
 }
 
@@ -181,19 +154,12 @@ impl<T: Send + 'static> Source for GeneratorSource<T> {
     type Item = T;
     type Offset = u64;
 
-    fn open(
-        &mut self,
-        subtask: u32,
-        parallelism: u32,
-        restored: Option<u64>,
-    ) -> Result<(), String> {
+    fn open(&mut self, subtask: u32, parallelism: u32, restored: Option<u64>) -> Result<(), String> {
         self.step = parallelism as u64;
         self.next = match restored {
             Some(n) => {
                 if n % self.step != subtask as u64 % self.step && n < self.count {
-                    return Err(format!(
-                        "offset {n} does not belong to subtask {subtask} of {parallelism}"
-                    ));
+                    return Err(format!("offset {n} does not belong to subtask {subtask} of {parallelism}"));
                 }
                 n
             }
@@ -209,11 +175,7 @@ impl<T: Send + 'static> Source for GeneratorSource<T> {
             self.next += self.step;
             n += 1;
         }
-        Ok(if n == 0 && self.next >= self.count {
-            SourceStatus::Finished
-        } else {
-            SourceStatus::More
-        })
+        Ok(if n == 0 && self.next >= self.count { SourceStatus::Finished } else { SourceStatus::More })
     }
 
     fn offset(&self) -> u64 {

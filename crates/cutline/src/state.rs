@@ -93,10 +93,7 @@ pub(crate) enum ElementState {
     /// Operator state (source offsets, sink transactions): restorable only at the same parallelism.
     Plain(Vec<u8>),
     /// Keyed state, one blob of concatenated `(key, value)` records per key group: redistributable.
-    Keyed {
-        max_parallelism: u32,
-        groups: Vec<(u32, Vec<u8>)>,
-    },
+    Keyed { max_parallelism: u32, groups: Vec<(u32, Vec<u8>)> },
 }
 
 /// The payload of one task state file.
@@ -119,10 +116,7 @@ pub(crate) struct SnapshotBuilder {
 
 impl SnapshotBuilder {
     pub fn add(&mut self, uid: &str, image: Box<dyn StateImage>) {
-        assert!(
-            !self.images.iter().any(|(u, _)| u == uid),
-            "two state elements named {uid} in one task"
-        );
+        assert!(!self.images.iter().any(|(u, _)| u == uid), "two state elements named {uid} in one task");
         self.images.push((uid.to_string(), image));
     }
 
@@ -132,8 +126,7 @@ impl SnapshotBuilder {
         for (uid, img) in self.images {
             elements.push((uid, img.encode()?));
         }
-        postcard::to_allocvec(&TaskStatePayload { elements })
-            .map_err(|e| format!("encoding task state: {e}"))
+        postcard::to_allocvec(&TaskStatePayload { elements }).map_err(|e| format!("encoding task state: {e}"))
     }
 }
 
@@ -146,14 +139,8 @@ impl StateImage for PlainImage {
     }
 }
 
-pub(crate) fn encode_plain<T: Serialize>(
-    uid: &str,
-    v: &T,
-) -> Result<Box<dyn StateImage>, TaskError> {
-    let bytes = postcard::to_allocvec(v).map_err(|e| TaskError::State {
-        uid: uid.into(),
-        message: e.to_string(),
-    })?;
+pub(crate) fn encode_plain<T: Serialize>(uid: &str, v: &T) -> Result<Box<dyn StateImage>, TaskError> {
+    let bytes = postcard::to_allocvec(v).map_err(|e| TaskError::State { uid: uid.into(), message: e.to_string() })?;
     Ok(Box::new(PlainImage(bytes)))
 }
 
@@ -173,38 +160,20 @@ pub(crate) struct RestoreIndex {
 }
 
 impl RestoreIndex {
-    pub fn add_task_payload(
-        &mut self,
-        subtask: u32,
-        parallelism: u32,
-        payload: &[u8],
-    ) -> Result<(), String> {
-        let p: TaskStatePayload =
-            postcard::from_bytes(payload).map_err(|e| format!("decoding task state: {e}"))?;
+    pub fn add_task_payload(&mut self, subtask: u32, parallelism: u32, payload: &[u8]) -> Result<(), String> {
+        let p: TaskStatePayload = postcard::from_bytes(payload).map_err(|e| format!("decoding task state: {e}"))?;
         for (uid, state) in p.elements {
-            self.elements.entry(uid).or_default().push(RestoredPart {
-                subtask,
-                parallelism,
-                state,
-            });
+            self.elements.entry(uid).or_default().push(RestoredPart { subtask, parallelism, state });
         }
         Ok(())
     }
 
     /// Plain state of `uid` for `subtask`; the parallelism must not have changed.
-    pub fn plain(
-        &self,
-        uid: &str,
-        subtask: u32,
-        parallelism: u32,
-    ) -> Result<Option<&[u8]>, TaskError> {
+    pub fn plain(&self, uid: &str, subtask: u32, parallelism: u32) -> Result<Option<&[u8]>, TaskError> {
         let Some(parts) = self.elements.get(uid) else {
             return Ok(None);
         };
-        let err = |m: String| TaskError::State {
-            uid: uid.into(),
-            message: m,
-        };
+        let err = |m: String| TaskError::State { uid: uid.into(), message: m };
         for p in parts {
             if p.parallelism != parallelism {
                 return Err(err(format!(
@@ -215,9 +184,9 @@ impl RestoreIndex {
             if p.subtask == subtask {
                 return match &p.state {
                     ElementState::Plain(b) => Ok(Some(b)),
-                    ElementState::Keyed { .. } => Err(err(
-                        "checkpoint holds keyed state where plain state is expected".into(),
-                    )),
+                    ElementState::Keyed { .. } => {
+                        Err(err("checkpoint holds keyed state where plain state is expected".into()))
+                    }
                 };
             }
         }
@@ -226,22 +195,14 @@ impl RestoreIndex {
 
     /// Every key group blob of keyed element `uid` that falls in `range`, from whichever old subtask
     /// held it.
-    pub fn keyed(
-        &self,
-        uid: &str,
-        range: KeyGroupRange,
-        max_parallelism: u32,
-    ) -> Result<Vec<(u32, &[u8])>, TaskError> {
+    pub fn keyed(&self, uid: &str, range: KeyGroupRange, max_parallelism: u32) -> Result<Vec<(u32, &[u8])>, TaskError> {
         let Some(parts) = self.elements.get(uid) else {
             return Ok(vec![]);
         };
         let mut out = Vec::new();
         for p in parts {
             match &p.state {
-                ElementState::Keyed {
-                    max_parallelism: m,
-                    groups,
-                } => {
+                ElementState::Keyed { max_parallelism: m, groups } => {
                     if *m != max_parallelism {
                         return Err(TaskError::State {
                             uid: uid.into(),
@@ -257,8 +218,7 @@ impl RestoreIndex {
                 ElementState::Plain(_) => {
                     return Err(TaskError::State {
                         uid: uid.into(),
-                        message: "checkpoint holds plain state where keyed state is expected"
-                            .into(),
+                        message: "checkpoint holds plain state where keyed state is expected".into(),
                     })
                 }
             }
@@ -295,8 +255,7 @@ impl<O> Output<'_, O> {
 
 /// The user function of a keyed operator: key, the key's value state (None when absent; set it to None
 /// to delete), the record, and the output.
-pub(crate) type KeyedFn<K, T, S, O> =
-    Arc<dyn Fn(&K, &mut Option<S>, T, &mut Output<O>) + Send + Sync>;
+pub(crate) type KeyedFn<K, T, S, O> = Arc<dyn Fn(&K, &mut Option<S>, T, &mut Output<O>) + Send + Sync>;
 
 /// A keyed stateful operator: in-memory value state per key.
 pub(crate) struct KeyedProcessOp<K, T, S, O> {
@@ -312,20 +271,13 @@ pub(crate) struct KeyedProcessOp<K, T, S, O> {
 impl<K: Key, T: Send, S: StateValue, O: Send> KeyedProcessOp<K, T, S, O> {
     /// Load this subtask's key groups from a checkpoint, asserting that each key belongs here.
     pub fn restore(&mut self, index: &RestoreIndex) -> Result<(), TaskError> {
-        let err = |m: String| TaskError::State {
-            uid: self.uid.clone(),
-            message: m,
-        };
+        let err = |m: String| TaskError::State { uid: self.uid.clone(), message: m };
         for (kg, mut blob) in index.keyed(&self.uid, self.range, self.max_parallelism)? {
             while !blob.is_empty() {
-                let ((k, v), rest): ((K, S), &[u8]) = postcard::take_from_bytes(blob)
-                    .map_err(|e| err(format!("decoding keyed state: {e}")))?;
+                let ((k, v), rest): ((K, S), &[u8]) =
+                    postcard::take_from_bytes(blob).map_err(|e| err(format!("decoding keyed state: {e}")))?;
                 let actual = key_group_of_hash(stable_hash(&k), self.max_parallelism);
-                assert_eq!(
-                    actual, kg,
-                    "restored key of {} filed under key group {kg} hashes to {actual}",
-                    self.uid
-                );
+                assert_eq!(actual, kg, "restored key of {} filed under key group {kg} hashes to {actual}", self.uid);
                 assert!(self.range.contains(cutline_core::KeyGroup(kg)));
                 let prev = self.state.insert(k, Some(v));
                 assert!(prev.is_none(), "key restored twice in {}", self.uid);
@@ -340,10 +292,7 @@ impl<K: Key, T: Send, S: StateValue, O: Send> Emit<T> for KeyedProcessOp<K, T, S
     #[inline]
     fn emit(&mut self, item: T) -> Result<(), TaskError> {
         let k = (self.key_fn)(&item);
-        let mut out = Output {
-            next: &mut *self.next,
-            err: None,
-        };
+        let mut out = Output { next: &mut *self.next, err: None };
         if let Some(slot) = self.state.get_mut(&k) {
             (self.f)(&k, slot, item, &mut out);
         } else {
@@ -408,8 +357,7 @@ impl<K: Key, S: StateValue> StateImage for KeyedImage<K, S> {
             );
             let buf = &mut groups[(kg - self.range.start) as usize];
             let taken = std::mem::take(buf);
-            *buf = postcard::to_extend(&(k, v), taken)
-                .map_err(|e| format!("{}: encoding a key: {e}", self.uid))?;
+            *buf = postcard::to_extend(&(k, v), taken).map_err(|e| format!("{}: encoding a key: {e}", self.uid))?;
         }
         let groups = groups
             .into_iter()
@@ -417,10 +365,7 @@ impl<K: Key, S: StateValue> StateImage for KeyedImage<K, S> {
             .filter(|(_, g)| !g.is_empty())
             .map(|(i, g)| (self.range.start + i as u32, g))
             .collect();
-        Ok(ElementState::Keyed {
-            max_parallelism: self.max_parallelism,
-            groups,
-        })
+        Ok(ElementState::Keyed { max_parallelism: self.max_parallelism, groups })
     }
 }
 

@@ -21,7 +21,7 @@ use cutline_core::{CheckpointId, TaskId, TimeMs};
 pub(crate) enum Polled {
     Empty,
     /// A batch was read and pushed through the chain.
-    Data(usize),
+    Data,
     Barrier(Barrier),
     End,
     /// The upstream went away without end-of-stream: it failed or is being torn down.
@@ -68,9 +68,8 @@ impl<T: Send + 'static> TaskBody for InputBody<T> {
         match self.inputs[i].try_recv() {
             Ok(Message::Data(batch)) => {
                 debug_assert!(!batch.is_empty());
-                let n = batch.len();
                 self.head.emit_batch(batch)?;
-                Ok(Polled::Data(n))
+                Ok(Polled::Data)
             }
             Ok(Message::Barrier(b)) => Ok(Polled::Barrier(b)),
             Ok(Message::End) => Ok(Polled::End),
@@ -124,10 +123,7 @@ impl<S: Source> TaskBody for SourceBody<S> {
         let status = self
             .source
             .poll(&mut self.buf, self.batch_size)
-            .map_err(|m| TaskError::Source {
-                uid: self.uid.clone(),
-                message: m,
-            })?;
+            .map_err(|m| TaskError::Source { uid: self.uid.clone(), message: m })?;
         if !self.buf.is_empty() {
             let batch = std::mem::replace(&mut self.buf, Vec::with_capacity(self.batch_size));
             self.chain.emit_batch(batch)?;
@@ -164,13 +160,7 @@ pub struct SnapshotTimings {
 pub(crate) trait TaskEnv {
     fn now(&self) -> TimeMs;
     /// The state at `barrier` is captured: persist it asynchronously and acknowledge when durable.
-    fn persist(
-        &mut self,
-        task: TaskId,
-        barrier: Barrier,
-        snap: SnapshotBuilder,
-        timings: SnapshotTimings,
-    );
+    fn persist(&mut self, task: TaskId, barrier: Barrier, snap: SnapshotBuilder, timings: SnapshotTimings);
     fn source_finished(&mut self, task: TaskId);
     fn task_finished(&mut self, task: TaskId);
 }
@@ -247,11 +237,7 @@ impl Task {
     pub fn on_control(&mut self, c: Control, env: &mut dyn TaskEnv) -> Result<(), TaskError> {
         match c {
             Control::Trigger(b) => {
-                assert!(
-                    self.is_source(),
-                    "{}: barrier trigger sent to a non-source task",
-                    self.name
-                );
+                assert!(self.is_source(), "{}: barrier trigger sent to a non-source task", self.name);
                 assert_ne!(
                     self.source_phase,
                     SourcePhase::Ended,
@@ -269,10 +255,7 @@ impl Task {
                 }
                 self.snapshot(
                     b,
-                    SnapshotTimings {
-                        alignment_ms: 0,
-                        start_delay_ms: env.now().saturating_sub(b.triggered_at),
-                    },
+                    SnapshotTimings { alignment_ms: 0, start_delay_ms: env.now().saturating_sub(b.triggered_at) },
                     env,
                 )?;
                 if b.kind == SnapshotKind::Final {
@@ -317,32 +300,20 @@ impl Task {
 
     /// Tasks with inputs: take one message from input `i` (which must be readable).
     pub fn step_input(&mut self, i: usize, env: &mut dyn TaskEnv) -> Result<Polled, TaskError> {
-        assert!(
-            self.readable(i),
-            "{}: read from input {i}, which is blocked or ended",
-            self.name
-        );
+        assert!(self.readable(i), "{}: read from input {i}, which is blocked or ended", self.name);
         self.faults.check(FaultPoint::ProcessBatch)?;
         let polled = self.body.poll_input(i)?;
         match &polled {
-            Polled::Empty | Polled::Data(_) => {}
+            Polled::Empty | Polled::Data => {}
             Polled::Disconnected => return Err(TaskError::Disconnected),
             Polled::Barrier(b) => {
                 let now = env.now();
-                let action = self
-                    .aligner
-                    .as_mut()
-                    .expect("inputs")
-                    .on_barrier(i, *b, now);
+                let action = self.aligner.as_mut().expect("inputs").on_barrier(i, *b, now);
                 self.act(action, env)?;
             }
             Polled::End => {
                 let now = env.now();
-                let action = self
-                    .aligner
-                    .as_mut()
-                    .expect("inputs")
-                    .on_end_of_input(i, now);
+                let action = self.aligner.as_mut().expect("inputs").on_end_of_input(i, now);
                 self.act(action, env)?;
                 if self.aligner.as_ref().expect("inputs").all_ended() {
                     assert!(
@@ -371,33 +342,16 @@ impl Task {
     fn act(&mut self, action: AlignAction, env: &mut dyn TaskEnv) -> Result<(), TaskError> {
         match action {
             AlignAction::Wait => Ok(()),
-            AlignAction::Snapshot {
-                barrier,
-                alignment_ms,
-                start_delay_ms,
-            } => self.snapshot(
-                barrier,
-                SnapshotTimings {
-                    alignment_ms,
-                    start_delay_ms,
-                },
-                env,
-            ),
+            AlignAction::Snapshot { barrier, alignment_ms, start_delay_ms } => {
+                self.snapshot(barrier, SnapshotTimings { alignment_ms, start_delay_ms }, env)
+            }
         }
     }
 
-    fn snapshot(
-        &mut self,
-        b: Barrier,
-        timings: SnapshotTimings,
-        env: &mut dyn TaskEnv,
-    ) -> Result<(), TaskError> {
+    fn snapshot(&mut self, b: Barrier, timings: SnapshotTimings, env: &mut dyn TaskEnv) -> Result<(), TaskError> {
         self.faults.check(FaultPoint::Snapshot)?;
         if let Some(f) = self.final_checkpoint {
-            panic!(
-                "{}: barrier {} after the final checkpoint {f}",
-                self.name, b.checkpoint
-            );
+            panic!("{}: barrier {} after the final checkpoint {f}", self.name, b.checkpoint);
         }
         let mut snap = SnapshotBuilder::default();
         // Copies state and forwards the barrier on every output before any later record.

@@ -7,10 +7,7 @@ use cutline::CheckpointMode;
 
 /// Seeds per scenario; CI runs this many, `SIM_SEEDS=n` runs more (or fewer) locally.
 fn seeds() -> u64 {
-    std::env::var("SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1000)
+    std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3000)
 }
 
 fn run_all(name: &str, o: SimOptions) {
@@ -25,15 +22,16 @@ fn run_all(name: &str, o: SimOptions) {
                 crashes += r.process_crashes;
                 cuts += r.cuts_checked;
             }
-            Err(e) => panic!("{name}: seed {seed} failed: {e}\nreplay: cutline drill --seed {seed} --sim-seeds 1 --runs 0"),
+            Err(e) => {
+                panic!("{name}: seed {seed} failed: {e}\nreplay: cutline drill --seed {seed} --sim-seeds 1 --runs 0")
+            }
         }
     }
-    eprintln!("{name}: {n} seeds passed; {failovers} failovers, {crashes} process crashes, {cuts} consistent cuts checked");
-    // The scenario must really exercise recovery, or it proves nothing.
-    assert!(
-        failovers > n / 4 && crashes > n / 10 && cuts > n,
-        "{name}: too few failures exercised"
+    eprintln!(
+        "{name}: {n} seeds passed; {failovers} failovers, {crashes} process crashes, {cuts} consistent cuts checked"
     );
+    // The scenario must really exercise recovery, or it proves nothing.
+    assert!(failovers > n / 4 && crashes > n / 10 && cuts > n, "{name}: too few failures exercised");
 }
 
 #[test]
@@ -43,22 +41,10 @@ fn exactly_once_output_survives_crashes_at_every_step() {
 
 #[test]
 fn at_least_once_output_contains_the_failure_free_run() {
-    run_all(
-        "at-least-once",
-        SimOptions {
-            mode: CheckpointMode::AtLeastOnce,
-            ..Default::default()
-        },
-    );
+    run_all("at-least-once", SimOptions { mode: CheckpointMode::AtLeastOnce, ..Default::default() });
 }
 
 #[test]
 fn exactly_once_with_two_concurrent_checkpoints() {
-    run_all(
-        "exactly-once, 2 concurrent",
-        SimOptions {
-            max_concurrent: 2,
-            ..Default::default()
-        },
-    );
+    run_all("exactly-once, 2 concurrent", SimOptions { max_concurrent: 2, ..Default::default() });
 }

@@ -17,19 +17,8 @@ fn snapshot(store: &MemStore) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-fn write(
-    s: &dyn CheckpointStore,
-    id: u64,
-    sub: u32,
-) -> Result<crate::TaskStateHandle, StorageError> {
-    s.write_task_state(
-        CheckpointId(id),
-        &OperatorId::new("op"),
-        SubtaskIndex(sub),
-        2,
-        None,
-        b"state",
-    )
+fn write(s: &dyn CheckpointStore, id: u64, sub: u32) -> Result<crate::TaskStateHandle, StorageError> {
+    s.write_task_state(CheckpointId(id), &OperatorId::new("op"), SubtaskIndex(sub), 2, None, b"state")
 }
 
 /// Checkpoint 1 complete, attempt 2 written but not committed, a leftover temp file, job meta.
@@ -39,11 +28,7 @@ fn prepared() -> MemStore {
     store.commit_manifest(&manifest(1, vec![a])).unwrap();
     write(&store, 2, 0).unwrap();
     store.raw_put(".FINISHED.1-1.tmp", b"leftover");
-    let meta = JobMeta {
-        job_fingerprint: "fp".into(),
-        generation: Generation(1),
-        epoch_lease_end: CheckpointId(10),
-    };
+    let meta = JobMeta { job_fingerprint: "fp".into(), generation: Generation(1), epoch_lease_end: CheckpointId(10) };
     store.write_meta(&meta).unwrap();
     store
 }
@@ -52,27 +37,12 @@ fn prepared() -> MemStore {
 fn injected_failures_leave_the_inner_store_unchanged() {
     type Action = fn(&dyn CheckpointStore) -> Result<(), StorageError>;
     let actions: Vec<(StoreOp, Action)> = vec![
-        (
-            StoreOp::WriteTaskState {
-                checkpoint: CheckpointId(2),
-            },
-            |s| write(s, 2, 1).map(drop),
-        ),
-        (
-            StoreOp::CommitManifest {
-                checkpoint: CheckpointId(2),
-            },
-            |s| {
-                let handle = s.read_manifest(CheckpointId(1))?.tasks[0].clone();
-                s.commit_manifest(&manifest(2, vec![handle]))
-            },
-        ),
-        (
-            StoreOp::Discard {
-                checkpoint: CheckpointId(2),
-            },
-            |s| s.discard(CheckpointId(2)),
-        ),
+        (StoreOp::WriteTaskState { checkpoint: CheckpointId(2) }, |s| write(s, 2, 1).map(drop)),
+        (StoreOp::CommitManifest { checkpoint: CheckpointId(2) }, |s| {
+            let handle = s.read_manifest(CheckpointId(1))?.tasks[0].clone();
+            s.commit_manifest(&manifest(2, vec![handle]))
+        }),
+        (StoreOp::Discard { checkpoint: CheckpointId(2) }, |s| s.discard(CheckpointId(2))),
         (StoreOp::Gc, |s| s.gc(1, &[]).map(drop)),
         (StoreOp::WriteMeta, |s| {
             s.write_meta(&JobMeta {
@@ -99,21 +69,13 @@ fn injected_failures_leave_the_inner_store_unchanged() {
 
 #[test]
 fn commit_failing_after_the_write_is_committed_anyway() {
-    let faulty = FaultyStore::new(prepared(), |op| {
-        matches!(op, StoreOp::CommitManifestAfterWrite { .. })
-    });
+    let faulty = FaultyStore::new(prepared(), |op| matches!(op, StoreOp::CommitManifestAfterWrite { .. }));
     let handle = faulty.read_manifest(CheckpointId(1)).unwrap().tasks[0].clone();
     let m = manifest(2, vec![handle]);
-    assert!(matches!(
-        faulty.commit_manifest(&m),
-        Err(StorageError::Injected(_))
-    ));
+    assert!(matches!(faulty.commit_manifest(&m), Err(StorageError::Injected(_))));
     // The caller could not tell, but the store knows: the checkpoint is complete.
     assert_eq!(faulty.inner().read_manifest(CheckpointId(2)).unwrap(), m);
-    assert!(matches!(
-        faulty.commit_manifest(&m),
-        Err(StorageError::ManifestExists(CheckpointId(2)))
-    ));
+    assert!(matches!(faulty.commit_manifest(&m), Err(StorageError::ManifestExists(CheckpointId(2)))));
 }
 
 #[test]
@@ -150,9 +112,7 @@ fn policy_is_asked_about_write_like_ops_only() {
 fn transient_injected_failures_succeed_on_retry() {
     let failures_left = AtomicUsize::new(2);
     let faulty = FaultyStore::new(MemStore::new(), move |_| {
-        failures_left
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
+        failures_left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
     });
     let mut attempts = 0;
     let handle = loop {

@@ -44,14 +44,7 @@ impl Model {
     fn write(&mut self, s: &dyn CheckpointStore, id: u64, op: &str, sub: u32) -> TaskStateHandle {
         let payload = format!("{id}/{op}/{sub}/{}", self.rng.next()).into_bytes();
         let handle = s
-            .write_task_state(
-                CheckpointId(id),
-                &OperatorId::new(op),
-                SubtaskIndex(sub),
-                SUBTASKS,
-                None,
-                &payload,
-            )
+            .write_task_state(CheckpointId(id), &OperatorId::new(op), SubtaskIndex(sub), SUBTASKS, None, &payload)
             .unwrap();
         self.payloads.insert(handle.file.clone(), payload);
         handle
@@ -75,12 +68,8 @@ impl Model {
                 } else {
                     None
                 };
-                let reused = base.and_then(|m| {
-                    m.tasks
-                        .iter()
-                        .find(|t| t.operator.as_str() == op && t.subtask.0 == sub)
-                        .cloned()
-                });
+                let reused = base
+                    .and_then(|m| m.tasks.iter().find(|t| t.operator.as_str() == op && t.subtask.0 == sub).cloned());
                 tasks.push(match reused {
                     Some(handle) => handle,
                     None => self.write(s, id, op, sub),
@@ -88,15 +77,8 @@ impl Model {
             }
         }
         if self.rng.percent(25) {
-            let name = if self.rng.percent(50) {
-                "_MANIFEST"
-            } else {
-                "src-0.state"
-            };
-            h.put_raw(
-                &format!("{}/.{name}.77-{id}.tmp", dir_of(id)),
-                b"crash leftover",
-            );
+            let name = if self.rng.percent(50) { "_MANIFEST" } else { "src-0.state" };
+            h.put_raw(&format!("{}/.{name}.77-{id}.tmp", dir_of(id)), b"crash leftover");
         }
         match fate {
             0..=5 => {
@@ -135,11 +117,7 @@ fn check_gc(h: &Harness, model: &mut Model, retain: usize) {
     let s = &*h.store;
     let in_flight: Vec<CheckpointId> = model.in_flight.keys().map(|&id| CheckpointId(id)).collect();
     let in_flight_dirs: Vec<String> = model.in_flight.keys().map(|&id| dir_of(id)).collect();
-    let under_in_flight = |path: &str| {
-        in_flight_dirs
-            .iter()
-            .any(|d| path.starts_with(&format!("{d}/")))
-    };
+    let under_in_flight = |path: &str| in_flight_dirs.iter().any(|d| path.starts_with(&format!("{d}/")));
     let before = h.snapshot();
     let dropped: Vec<u64> = model.live.keys().rev().skip(retain).copied().collect();
 
@@ -150,19 +128,8 @@ fn check_gc(h: &Harness, model: &mut Model, retain: usize) {
     }
     let after = h.snapshot();
     // Every retained checkpoint verifies, and its files hold what was written.
-    let listed: Vec<u64> = s
-        .list_checkpoints()
-        .unwrap()
-        .iter()
-        .filter(|l| l.complete)
-        .map(|l| l.id.0)
-        .collect();
-    assert_eq!(
-        listed,
-        model.live.keys().copied().collect::<Vec<_>>(),
-        "{}",
-        h.name
-    );
+    let listed: Vec<u64> = s.list_checkpoints().unwrap().iter().filter(|l| l.complete).map(|l| l.id.0).collect();
+    assert_eq!(listed, model.live.keys().copied().collect::<Vec<_>>(), "{}", h.name);
     let mut expected: BTreeSet<String> = BTreeSet::new();
     for (id, m) in &model.live {
         assert_eq!(&s.verify(CheckpointId(*id)).unwrap(), m);
@@ -174,54 +141,31 @@ fn check_gc(h: &Harness, model: &mut Model, retain: usize) {
     }
     // In-flight attempts are untouched.
     let flight = |snap: &[(String, Vec<u8>)]| -> Vec<(String, Vec<u8>)> {
-        snap.iter()
-            .filter(|(p, _)| under_in_flight(p))
-            .cloned()
-            .collect()
+        snap.iter().filter(|(p, _)| under_in_flight(p)).cloned().collect()
     };
-    assert_eq!(
-        flight(&before),
-        flight(&after),
-        "{}: gc touched an in-flight attempt",
-        h.name
-    );
+    assert_eq!(flight(&before), flight(&after), "{}: gc touched an in-flight attempt", h.name);
     // Nothing else remains.
-    let remaining: Vec<&String> = after
-        .iter()
-        .map(|(p, _)| p)
-        .filter(|p| !under_in_flight(p) && !expected.contains(*p))
-        .collect();
+    let remaining: Vec<&String> =
+        after.iter().map(|(p, _)| p).filter(|p| !under_in_flight(p) && !expected.contains(*p)).collect();
     assert!(remaining.is_empty(), "{}: gc left {remaining:?}", h.name);
     // No empty checkpoint directory is left behind.
     for l in s.list_checkpoints().unwrap() {
         let dir = format!("{}/", dir_of(l.id.0));
-        assert!(
-            after.iter().any(|(p, _)| p.starts_with(&dir)),
-            "{}: empty {dir}",
-            h.name
-        );
+        assert!(after.iter().any(|(p, _)| p.starts_with(&dir)), "{}: empty {dir}", h.name);
     }
     // The report adds up.
     let size = |snap: &[(String, Vec<u8>)]| snap.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
     assert_eq!(report.removed_files, before.len() - after.len());
     assert_eq!(report.removed_bytes, size(&before) - size(&after));
     for id in &dropped {
-        assert!(
-            report.removed_checkpoints.contains(&CheckpointId(*id)),
-            "{id} not reported"
-        );
+        assert!(report.removed_checkpoints.contains(&CheckpointId(*id)), "{id} not reported");
     }
     for id in &report.removed_checkpoints {
         assert!(!model.live.contains_key(&id.0) && !model.in_flight.contains_key(&id.0));
     }
     // A second gc with the same arguments has nothing to do.
     let again = s.gc(retain, &in_flight).unwrap();
-    assert_eq!(
-        (again.removed_files, again.removed_bytes),
-        (0, 0),
-        "{}",
-        h.name
-    );
+    assert_eq!((again.removed_files, again.removed_bytes), (0, 0), "{}", h.name);
 }
 
 fn random_history(h: &Harness, seed: u64, rounds: usize) {
@@ -237,10 +181,7 @@ fn random_history(h: &Harness, seed: u64, rounds: usize) {
             model.step(h);
         }
         if model.rng.percent(30) {
-            h.put_raw(
-                &format!(".job.meta.77-{}.tmp", model.next_id),
-                b"crash leftover",
-            );
+            h.put_raw(&format!(".job.meta.77-{}.tmp", model.next_id), b"crash leftover");
         }
         let retain = 1 + model.rng.below(4) as usize;
         check_gc(h, &mut model, retain);

@@ -104,11 +104,7 @@ fn walk(root: &Path, rel: &str, out: &mut Vec<String>) {
     for entry in std::fs::read_dir(root.join(rel)).unwrap() {
         let entry = entry.unwrap();
         let name = entry.file_name().into_string().unwrap();
-        let child = if rel.is_empty() {
-            name
-        } else {
-            format!("{rel}/{name}")
-        };
+        let child = if rel.is_empty() { name } else { format!("{rel}/{name}") };
         if entry.file_type().unwrap().is_dir() {
             walk(root, &child, out);
         } else {
@@ -118,14 +114,7 @@ fn walk(root: &Path, rel: &str, out: &mut Vec<String>) {
 }
 
 pub(crate) fn manifest(id: u64, tasks: Vec<TaskStateHandle>) -> Manifest {
-    Manifest::new(
-        "job-fingerprint",
-        CheckpointId(id),
-        Generation(1),
-        1_000 + id,
-        false,
-        tasks,
-    )
+    Manifest::new("job-fingerprint", CheckpointId(id), Generation(1), 1_000 + id, false, tasks)
 }
 
 pub(crate) fn dir_of(id: u64) -> String {

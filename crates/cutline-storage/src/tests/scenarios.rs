@@ -7,25 +7,11 @@ use std::io::{Error, ErrorKind};
 
 fn write(s: &dyn CheckpointStore, id: u64, op: &str, sub: u32, payload: &[u8]) -> TaskStateHandle {
     let kg = KeyGroupRange::for_subtask(128, 2, sub % 2);
-    s.write_task_state(
-        CheckpointId(id),
-        &OperatorId::new(op),
-        SubtaskIndex(sub),
-        2,
-        Some(kg),
-        payload,
-    )
-    .unwrap()
+    s.write_task_state(CheckpointId(id), &OperatorId::new(op), SubtaskIndex(sub), 2, Some(kg), payload).unwrap()
 }
 
 fn listing(pairs: &[(u64, bool)]) -> Vec<CheckpointListing> {
-    pairs
-        .iter()
-        .map(|&(id, complete)| CheckpointListing {
-            id: CheckpointId(id),
-            complete,
-        })
-        .collect()
+    pairs.iter().map(|&(id, complete)| CheckpointListing { id: CheckpointId(id), complete }).collect()
 }
 
 fn write_commit_list_verify(h: &Harness) {
@@ -56,21 +42,11 @@ fn write_commit_list_verify(h: &Harness) {
     assert_eq!(s.read_task_state(&a).unwrap(), b"alpha");
 
     write(s, 3, "src", 0, b"later attempt");
-    assert_eq!(
-        s.list_checkpoints().unwrap(),
-        listing(&[(1, true), (3, false)])
-    );
+    assert_eq!(s.list_checkpoints().unwrap(), listing(&[(1, true), (3, false)]));
     assert_eq!(s.max_checkpoint_id_seen().unwrap(), Some(CheckpointId(3)));
     assert_eq!(s.latest_complete().unwrap(), Some(CheckpointId(1)));
-    assert!(matches!(
-        s.read_manifest(CheckpointId(3)),
-        Err(StorageError::NotFound { .. })
-    ));
-    assert!(
-        h.files().iter().all(|f| !f.ends_with(".tmp")),
-        "{h:?}",
-        h = h.files()
-    );
+    assert!(matches!(s.read_manifest(CheckpointId(3)), Err(StorageError::NotFound { .. })));
+    assert!(h.files().iter().all(|f| !f.ends_with(".tmp")), "{h:?}", h = h.files());
 }
 
 fn committed_checkpoints_are_immutable(h: &Harness) {
@@ -81,19 +57,9 @@ fn committed_checkpoints_are_immutable(h: &Harness) {
     let before = h.snapshot();
     let mut other = m.clone();
     other.created_at_unix_ms += 1;
+    assert!(matches!(s.commit_manifest(&other), Err(StorageError::ManifestExists(CheckpointId(7)))));
     assert!(matches!(
-        s.commit_manifest(&other),
-        Err(StorageError::ManifestExists(CheckpointId(7)))
-    ));
-    assert!(matches!(
-        s.write_task_state(
-            CheckpointId(7),
-            &OperatorId::new("op"),
-            SubtaskIndex(0),
-            1,
-            None,
-            b"y"
-        ),
+        s.write_task_state(CheckpointId(7), &OperatorId::new("op"), SubtaskIndex(0), 1, None, b"y"),
         Err(StorageError::ManifestExists(CheckpointId(7)))
     ));
     assert_eq!(h.snapshot(), before);
@@ -106,10 +72,7 @@ fn discard_removes_attempts_and_refuses_complete(h: &Harness) {
     s.commit_manifest(&manifest(1, vec![done])).unwrap();
     write(s, 2, "op", 0, b"aborted");
     write(s, 2, "op", 1, b"aborted too");
-    h.put_raw(
-        &format!("{}/._MANIFEST.1-1.tmp", dir_of(2)),
-        b"half a manifest",
-    );
+    h.put_raw(&format!("{}/._MANIFEST.1-1.tmp", dir_of(2)), b"half a manifest");
     s.discard(CheckpointId(2)).unwrap();
     assert_eq!(s.list_checkpoints().unwrap(), listing(&[(1, true)]));
     assert!(h.files().iter().all(|f| !f.starts_with(&dir_of(2))));
@@ -117,10 +80,7 @@ fn discard_removes_attempts_and_refuses_complete(h: &Harness) {
     s.discard(CheckpointId(99)).unwrap();
     let before = h.snapshot();
     let err = s.discard(CheckpointId(1)).unwrap_err();
-    assert!(matches!(
-        err,
-        StorageError::DiscardComplete(CheckpointId(1))
-    ));
+    assert!(matches!(err, StorageError::DiscardComplete(CheckpointId(1))));
     assert_eq!(h.snapshot(), before);
     s.verify(CheckpointId(1)).unwrap();
 }
@@ -131,15 +91,10 @@ fn discard_keeps_files_a_later_manifest_references(h: &Harness) {
     let shared = write(s, 1, "op", 0, b"shared");
     write(s, 1, "op", 1, b"private");
     let own = write(s, 2, "op", 1, b"own");
-    s.commit_manifest(&manifest(2, vec![shared.clone(), own]))
-        .unwrap();
+    s.commit_manifest(&manifest(2, vec![shared.clone(), own])).unwrap();
     s.discard(CheckpointId(1)).unwrap();
     s.verify(CheckpointId(2)).unwrap();
-    let left: Vec<String> = h
-        .files()
-        .into_iter()
-        .filter(|f| f.starts_with(&dir_of(1)))
-        .collect();
+    let left: Vec<String> = h.files().into_iter().filter(|f| f.starts_with(&dir_of(1))).collect();
     assert_eq!(left, vec![shared.file]);
 }
 
@@ -148,16 +103,8 @@ fn damaged_task_file_fails_verify(h: &Harness) {
     type Damage = fn(&Harness, &str);
     type Expect = fn(&StorageError) -> bool;
     let cases: Vec<(&str, Damage, Expect)> = vec![
-        (
-            "flip in header",
-            |h, p| h.flip_byte(p, 0),
-            |e| matches!(e, StorageError::ChecksumMismatch { .. }),
-        ),
-        (
-            "flip in payload",
-            |h, p| h.flip_byte(p, 17),
-            |e| matches!(e, StorageError::ChecksumMismatch { .. }),
-        ),
+        ("flip in header", |h, p| h.flip_byte(p, 0), |e| matches!(e, StorageError::ChecksumMismatch { .. })),
+        ("flip in payload", |h, p| h.flip_byte(p, 17), |e| matches!(e, StorageError::ChecksumMismatch { .. })),
         (
             "flip in checksum",
             |h, p| {
@@ -185,12 +132,7 @@ fn damaged_task_file_fails_verify(h: &Harness) {
         ),
         (
             "replaced by another valid frame of the same size",
-            |h, p| {
-                h.put_raw(
-                    p,
-                    &crate::encode_frame(crate::FileKind::TaskState, b"payloaD"),
-                )
-            },
+            |h, p| h.put_raw(p, &crate::encode_frame(crate::FileKind::TaskState, b"payloaD")),
             |e| matches!(e, StorageError::ChecksumMismatch { .. }),
         ),
     ];
@@ -198,9 +140,7 @@ fn damaged_task_file_fails_verify(h: &Harness) {
         let id = 10 + i as u64;
         let good = write(h.store.as_ref(), id, "ok", 0, b"fine");
         let bad = write(h.store.as_ref(), id, "victim", 0, b"payload");
-        h.store
-            .commit_manifest(&manifest(id, vec![good, bad.clone()]))
-            .unwrap();
+        h.store.commit_manifest(&manifest(id, vec![good, bad.clone()])).unwrap();
         h.store.verify(CheckpointId(id)).unwrap();
         damage(h, &bad.file);
         let err = h.store.verify(CheckpointId(id)).unwrap_err();
@@ -210,18 +150,13 @@ fn damaged_task_file_fails_verify(h: &Harness) {
     }
     // A missing file.
     let gone = write(h.store.as_ref(), 30, "victim", 0, b"payload");
-    h.store
-        .commit_manifest(&manifest(30, vec![gone.clone()]))
-        .unwrap();
+    h.store.commit_manifest(&manifest(30, vec![gone.clone()])).unwrap();
     h.store.discard(CheckpointId(29)).unwrap();
     let all = h.snapshot();
     assert!(all.iter().any(|(p, _)| *p == gone.file));
     let mut handle = gone;
     handle.file = format!("{}/nope-0.state", dir_of(30));
-    assert!(matches!(
-        h.store.read_task_state(&handle),
-        Err(StorageError::NotFound { .. })
-    ));
+    assert!(matches!(h.store.read_task_state(&handle), Err(StorageError::NotFound { .. })));
 }
 
 fn damaged_manifest_fails_read(h: &Harness) {
@@ -240,10 +175,7 @@ fn damaged_manifest_fails_read(h: &Harness) {
     // A task state file is not a manifest.
     let state = h.get_raw(&format!("{}/op-0.state", dir_of(4))).unwrap();
     h.put_raw(&path, &state);
-    assert!(matches!(
-        s.read_manifest(CheckpointId(4)),
-        Err(StorageError::WrongKind { .. })
-    ));
+    assert!(matches!(s.read_manifest(CheckpointId(4)), Err(StorageError::WrongKind { .. })));
 }
 
 fn temp_manifest_left_by_a_crash_is_not_a_commit(h: &Harness) {
@@ -256,10 +188,7 @@ fn temp_manifest_left_by_a_crash_is_not_a_commit(h: &Harness) {
     h.put_raw(&temp, &whole);
     h.put_raw(".job.meta.4242-1.tmp", b"half");
     assert_eq!(s.list_checkpoints().unwrap(), listing(&[(5, false)]));
-    assert!(matches!(
-        s.read_manifest(CheckpointId(5)),
-        Err(StorageError::NotFound { .. })
-    ));
+    assert!(matches!(s.read_manifest(CheckpointId(5)), Err(StorageError::NotFound { .. })));
     assert_eq!(s.read_meta().unwrap(), None);
     // In flight: gc leaves the attempt alone, but cleans the root.
     s.gc(1, &[CheckpointId(5)]).unwrap();
@@ -287,10 +216,7 @@ fn meta_and_finished_roundtrip(h: &Harness) {
         s.write_meta(&meta).unwrap();
         assert_eq!(s.read_meta().unwrap(), Some(meta));
     }
-    assert!(matches!(
-        s.mark_finished(CheckpointId(3)),
-        Err(StorageError::NotFound { .. })
-    ));
+    assert!(matches!(s.mark_finished(CheckpointId(3)), Err(StorageError::NotFound { .. })));
     let a = write(s, 3, "op", 0, b"last");
     let mut m = manifest(3, vec![a]);
     m.is_final = true;
@@ -327,25 +253,14 @@ fn unrelated_entries_are_ignored_and_kept(h: &Harness) {
 fn invalid_ids_and_references_are_rejected(h: &Harness) {
     let s = &*h.store;
     for bad in ["", "a/b", "../up", "a b", "é"] {
-        let err = s
-            .write_task_state(
-                CheckpointId(1),
-                &OperatorId::new(bad),
-                SubtaskIndex(0),
-                1,
-                None,
-                b"",
-            )
-            .unwrap_err();
+        let err =
+            s.write_task_state(CheckpointId(1), &OperatorId::new(bad), SubtaskIndex(0), 1, None, b"").unwrap_err();
         assert!(matches!(err, StorageError::InvalidOperatorId(ref s) if s == bad));
     }
     let mut handle = write(s, 1, "op", 0, b"x");
     for bad in ["../outside", "/etc/passwd", "checkpoints/../../x"] {
         handle.file = bad.to_string();
-        assert!(matches!(
-            s.read_task_state(&handle),
-            Err(StorageError::InvalidPath(_))
-        ));
+        assert!(matches!(s.read_task_state(&handle), Err(StorageError::InvalidPath(_))));
     }
     assert!(h.files().iter().all(|f| f.starts_with("checkpoints/")));
 }
@@ -357,30 +272,22 @@ fn write_commit_list_verify_on_every_store() {
 
 #[test]
 fn committed_checkpoints_are_immutable_on_every_store() {
-    Harness::both()
-        .iter()
-        .for_each(committed_checkpoints_are_immutable);
+    Harness::both().iter().for_each(committed_checkpoints_are_immutable);
 }
 
 #[test]
 fn discard_removes_attempts_and_refuses_complete_on_every_store() {
-    Harness::both()
-        .iter()
-        .for_each(discard_removes_attempts_and_refuses_complete);
+    Harness::both().iter().for_each(discard_removes_attempts_and_refuses_complete);
 }
 
 #[test]
 fn discard_keeps_referenced_files_on_every_store() {
-    Harness::both()
-        .iter()
-        .for_each(discard_keeps_files_a_later_manifest_references);
+    Harness::both().iter().for_each(discard_keeps_files_a_later_manifest_references);
 }
 
 #[test]
 fn damaged_task_file_fails_verify_on_every_store() {
-    Harness::both()
-        .iter()
-        .for_each(damaged_task_file_fails_verify);
+    Harness::both().iter().for_each(damaged_task_file_fails_verify);
 }
 
 #[test]
@@ -390,9 +297,7 @@ fn damaged_manifest_fails_read_on_every_store() {
 
 #[test]
 fn temp_manifest_left_by_a_crash_is_not_a_commit_on_every_store() {
-    Harness::both()
-        .iter()
-        .for_each(temp_manifest_left_by_a_crash_is_not_a_commit);
+    Harness::both().iter().for_each(temp_manifest_left_by_a_crash_is_not_a_commit);
 }
 
 #[test]
@@ -402,16 +307,12 @@ fn meta_and_finished_roundtrip_on_every_store() {
 
 #[test]
 fn unrelated_entries_are_ignored_and_kept_on_every_store() {
-    Harness::both()
-        .iter()
-        .for_each(unrelated_entries_are_ignored_and_kept);
+    Harness::both().iter().for_each(unrelated_entries_are_ignored_and_kept);
 }
 
 #[test]
 fn invalid_ids_and_references_are_rejected_on_every_store() {
-    Harness::both()
-        .iter()
-        .for_each(invalid_ids_and_references_are_rejected);
+    Harness::both().iter().for_each(invalid_ids_and_references_are_rejected);
 }
 
 #[test]
@@ -427,18 +328,10 @@ fn commit_of_a_manifest_with_a_missing_file_panics() {
 fn mem_store_corrupt_flips_a_byte() {
     let store = crate::MemStore::new();
     let a = write(&store, 1, "op", 0, b"payload");
-    store
-        .commit_manifest(&manifest(1, vec![a.clone()]))
-        .unwrap();
-    assert_eq!(
-        store.paths(),
-        vec![format!("{}/_MANIFEST", dir_of(1)), a.file.clone()]
-    );
+    store.commit_manifest(&manifest(1, vec![a.clone()])).unwrap();
+    assert_eq!(store.paths(), vec![format!("{}/_MANIFEST", dir_of(1)), a.file.clone()]);
     store.corrupt(&a.file);
-    assert!(matches!(
-        store.verify(CheckpointId(1)),
-        Err(StorageError::ChecksumMismatch { .. })
-    ));
+    assert!(matches!(store.verify(CheckpointId(1)), Err(StorageError::ChecksumMismatch { .. })));
 }
 
 #[test]
@@ -452,14 +345,7 @@ fn only_interrupted_io_and_injected_failures_are_transient() {
         (io(ErrorKind::NotFound), false),
         (io(ErrorKind::PermissionDenied), false),
         (StorageError::BadMagic { path: "p".into() }, false),
-        (
-            StorageError::ChecksumMismatch {
-                path: "p".into(),
-                expected: 1,
-                actual: 2,
-            },
-            false,
-        ),
+        (StorageError::ChecksumMismatch { path: "p".into(), expected: 1, actual: 2 }, false),
         (StorageError::ManifestExists(CheckpointId(1)), false),
     ];
     for (err, transient) in cases {

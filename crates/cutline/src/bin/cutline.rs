@@ -8,11 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Parser)]
-#[command(
-    name = "cutline",
-    version,
-    about = "A stream-processing engine whose checkpoints are consistent cuts"
-)]
+#[command(name = "cutline", version, about = "A stream-processing engine whose checkpoints are consistent cuts")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -100,9 +96,7 @@ fn parse_interval(s: &str) -> Result<Option<u64>> {
     } else {
         bail!("bad duration {s:?}: use a number with ms, s or m (e.g. 200ms, 1s), or off");
     };
-    let n: u64 = num
-        .parse()
-        .with_context(|| format!("bad duration {s:?}: use e.g. 200ms, 1s, or off"))?;
+    let n: u64 = num.parse().with_context(|| format!("bad duration {s:?}: use e.g. 200ms, 1s, or off"))?;
     if n == 0 {
         bail!("bad duration {s:?}: must be positive (or off)");
     }
@@ -113,38 +107,14 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
         Cmd::Run {
-            job:
-                RunJob::Wordcount {
-                    input,
-                    output,
-                    state,
-                    parallelism,
-                    checkpoint_interval,
-                    mode,
-                    verbose,
-                },
-        } => run_wordcount(
-            &input,
-            &output,
-            &state,
-            parallelism,
-            &checkpoint_interval,
-            &mode,
-            verbose,
-        ),
+            job: RunJob::Wordcount { input, output, state, parallelism, checkpoint_interval, mode, verbose },
+        } => run_wordcount(&input, &output, &state, parallelism, &checkpoint_interval, &mode, verbose),
         Cmd::Demo { dir } => demo(dir),
         Cmd::Checkpoints { state } => list_checkpoints(&state),
-        Cmd::Drill {
-            seed,
-            runs,
-            sim_seeds,
-        } => drill(seed, runs, sim_seeds),
-        Cmd::Bench {
-            events,
-            keys,
-            parallelism,
-            checkpoint_interval,
-        } => bench(events, keys, parallelism, &checkpoint_interval),
+        Cmd::Drill { seed, runs, sim_seeds } => drill(seed, runs, sim_seeds),
+        Cmd::Bench { events, keys, parallelism, checkpoint_interval } => {
+            bench(events, keys, parallelism, &checkpoint_interval)
+        }
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
@@ -153,11 +123,9 @@ fn main() {
 }
 
 fn check_writable_dir(dir: &Path, what: &str) -> Result<()> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("cannot create {what} directory {}", dir.display()))?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {what} directory {}", dir.display()))?;
     let probe = dir.join(format!(".cutline-probe-{}", std::process::id()));
-    std::fs::write(&probe, b"")
-        .with_context(|| format!("{what} directory {} is not writable", dir.display()))?;
+    std::fs::write(&probe, b"").with_context(|| format!("{what} directory {} is not writable", dir.display()))?;
     std::fs::remove_file(&probe).ok();
     Ok(())
 }
@@ -193,14 +161,9 @@ fn wordcount_config(
     )
     .build()?;
     let store = Arc::new(
-        LocalDirStore::open(state)
-            .with_context(|| format!("cannot open state directory {}", state.display()))?,
+        LocalDirStore::open(state).with_context(|| format!("cannot open state directory {}", state.display()))?,
     );
-    let fingerprint = format!(
-        "wordcount input={} output={}",
-        input_abs.display(),
-        output_abs.display()
-    );
+    let fingerprint = format!("wordcount input={} output={}", input_abs.display(), output_abs.display());
     let mut cfg = RunConfig::new(store, fingerprint);
     cfg.checkpoint.interval_ms = interval_ms;
     cfg.checkpoint.mode = mode;
@@ -232,10 +195,7 @@ fn run_wordcount(
         report.checkpoints_completed,
         report.checkpoints_failed,
         report.restarts,
-        report
-            .restored_from
-            .map(|c| format!(", resumed from checkpoint {}", c.0))
-            .unwrap_or_default()
+        report.restored_from.map(|c| format!(", resumed from checkpoint {}", c.0)).unwrap_or_default()
     );
     Ok(())
 }
@@ -253,10 +213,7 @@ fn list_checkpoints(state: &Path) -> Result<()> {
     if let Some(f) = store.finished()? {
         println!("finished with checkpoint {}", f.0);
     }
-    println!(
-        "{:>8}  {:<24}  {:>12}  {:>5}  {:<6}  verified",
-        "id", "time (unix ms)", "bytes", "tasks", "final"
-    );
+    println!("{:>8}  {:<24}  {:>12}  {:>5}  {:<6}  verified", "id", "time (unix ms)", "bytes", "tasks", "final");
     let mut bad = 0;
     for l in store.list_checkpoints()? {
         if !l.complete {
@@ -273,10 +230,7 @@ fn list_checkpoints(state: &Path) -> Result<()> {
             ),
             Err(e) => {
                 bad += 1;
-                println!(
-                    "{:>8}  {:<24}  {:>12}  {:>5}  {:<6}  FAILED: {e}",
-                    l.id.0, "?", "?", "?", "?"
-                );
+                println!("{:>8}  {:<24}  {:>12}  {:>5}  {:<6}  FAILED: {e}", l.id.0, "?", "?", "?", "?");
             }
         }
     }
@@ -306,22 +260,15 @@ fn demo(dir: Option<PathBuf>) -> Result<()> {
             std::fs::remove_dir_all(d)?;
         }
     }
-    println!(
-        "cutline demo: counting words of {} ({} bytes) into {}",
-        input.display(),
-        text.len(),
-        output.display()
-    );
-    let (graph, mut cfg) =
-        wordcount_config(&input, &output, &state, 2, "50ms", "exactly-once", 200)?;
+    println!("cutline demo: counting words of {} ({} bytes) into {}", input.display(), text.len(), output.display());
+    let (graph, mut cfg) = wordcount_config(&input, &output, &state, 2, "50ms", "exactly-once", 200)?;
     cfg.verbose = true;
     cfg.batch_size = 64;
     // One injected crash: the first sink commit after the second completed checkpoint fails.
     let commits = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let c2 = commits.clone();
     cfg.faults = cutline::Faults::new(move |p| {
-        p == cutline::FaultPoint::SinkCommitMidway
-            && c2.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 3
+        p == cutline::FaultPoint::SinkCommitMidway && c2.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 3
     });
     let start = Instant::now();
     let report = cutline::run(&graph, cfg)?;
@@ -337,18 +284,12 @@ fn demo(dir: Option<PathBuf>) -> Result<()> {
         println!("output verified: every word's counts 1..n appear exactly once, as in a run without failures");
         Ok(())
     } else {
-        bail!(
-            "output differs from a failure-free run: {}",
-            problems.join("; ")
-        )
+        bail!("output differs from a failure-free run: {}", problems.join("; "))
     }
 }
 
 fn drill(seed: u64, runs: u64, sim_seeds: u64) -> Result<()> {
-    println!(
-        "drill 1/2: deterministic simulation, seeds {seed}..{}",
-        seed + sim_seeds
-    );
+    println!("drill 1/2: deterministic simulation, seeds {seed}..{}", seed + sim_seeds);
     for s in seed..seed + sim_seeds {
         if let Err(e) = cutline::sim::run_seed(s, &cutline::sim::SimOptions::default()) {
             bail!("simulation seed {s} FAILED: {e}\nreplay with: cutline drill --seed {s} --sim-seeds 1 --runs 0");
@@ -357,9 +298,8 @@ fn drill(seed: u64, runs: u64, sim_seeds: u64) -> Result<()> {
     println!("  {sim_seeds} seeds passed");
     println!("drill 2/2: threaded runtime with injected failures on real files, {runs} runs");
     for s in seed..seed + runs {
-        let v = cutline::jobs::drill_run(s).map_err(|e| {
-            anyhow::anyhow!("{e}\nreplay with: cutline drill --seed {s} --runs 1 --sim-seeds 0")
-        })?;
+        let v = cutline::jobs::drill_run(s)
+            .map_err(|e| anyhow::anyhow!("{e}\nreplay with: cutline drill --seed {s} --runs 1 --sim-seeds 0"))?;
         println!("  seed {s}: {v}");
     }
     println!("verdict: PASS");
