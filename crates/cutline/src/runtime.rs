@@ -30,7 +30,7 @@ pub const SNAPSHOT_QUEUE_CAPACITY: usize = 64;
 /// Complete checkpoints kept by retention.
 pub const DEFAULT_RETAINED_CHECKPOINTS: usize = 3;
 /// How often the coordinator looks at the clock when nothing happens.
-pub const DEFAULT_TICK_MS: u64 = 5;
+pub const DEFAULT_TICK_MS: u64 = 1;
 /// How long an idle source waits before polling again.
 const SOURCE_IDLE_WAIT_MS: u64 = 1;
 
@@ -115,15 +115,32 @@ pub struct JobReport {
     pub checkpoints_completed: u64,
     pub checkpoints_failed: u64,
     pub restarts: u32,
-    /// Duration of every completed checkpoint (trigger to manifest durable), in order.
-    pub checkpoint_durations_ms: Vec<u64>,
-    /// Longest alignment among the tasks of every completed checkpoint.
-    pub alignment_ms: Vec<u64>,
-    /// Bytes of state of every completed checkpoint.
-    pub checkpoint_bytes: Vec<u64>,
+    /// Every checkpoint this run completed, in order.
+    pub checkpoints: Vec<CheckpointSummary>,
     /// Time from each failure to the restored job running again.
     pub recovery_ms: Vec<u64>,
     pub elapsed_ms: u64,
+}
+
+/// Statistics of one completed checkpoint. Per-task figures are the maximum over the job's tasks.
+#[derive(Clone, Debug, Default)]
+pub struct CheckpointSummary {
+    pub checkpoint: CheckpointId,
+    pub is_final: bool,
+    /// Trigger to manifest durable.
+    pub duration_ms: u64,
+    /// Bytes of state files.
+    pub bytes: u64,
+    /// Longest barrier alignment at a task (first to last barrier of its inputs).
+    pub alignment_ms: u64,
+    /// Longest delay from the trigger to the first barrier at a task.
+    pub start_delay_ms: u64,
+    /// Longest time from a task's snapshot to its state being durable.
+    pub persist_ms: u64,
+    pub encode_us: u64,
+    pub write_us: u64,
+    /// The task whose acknowledgement came last.
+    pub slowest_task: String,
 }
 
 /// A task's acknowledgement: where its state went and how long it took.
@@ -133,6 +150,10 @@ pub struct AckReport {
     pub timings: SnapshotTimings,
     /// From the barrier at the task to the state being durable.
     pub persist_ms: u64,
+    /// Encoding the state copy (on the writer thread).
+    pub encode_us: u64,
+    /// Writing it durably.
+    pub write_us: u64,
 }
 
 enum RtEvent {
@@ -478,6 +499,7 @@ fn run_generation(
         );
     }
     drop(wr_rx);
+    let task_names: Vec<String> = deployed.iter().map(|d| d.task.name.clone()).collect();
     // Tasks.
     let mut controls: Vec<Sender<Control>> = Vec::new();
     let mut handles: Vec<JoinHandle<()>> = Vec::new();
@@ -503,14 +525,20 @@ fn run_generation(
     let mut work: VecDeque<Decision<AckReport>> = VecDeque::new();
     let mut out = Vec::new();
     let tick = Duration::from_millis(cfg.tick_ms);
-    let mut pending_stats: std::collections::HashMap<CheckpointId, (u64, u64)> = Default::default();
+    let mut pending_stats: std::collections::HashMap<CheckpointId, CheckpointSummary> = Default::default();
+    let mut next_tick = Instant::now() + tick;
     let outcome = 'run: loop {
-        match ev_rx.recv_timeout(tick) {
+        // Ticks come every `tick` whether or not events keep arriving.
+        match ev_rx.recv_deadline(next_tick) {
             Ok(RtEvent::Coord(e)) => coord.handle(now(), e, &mut out),
             Ok(RtEvent::Failed { generation: g, task, error }) => {
                 coord.handle(now(), Event::TaskFailed { generation: g, task, reason: error }, &mut out)
             }
-            Err(_) => coord.handle(now(), Event::Tick, &mut out),
+            Err(_) => {}
+        }
+        if Instant::now() >= next_tick {
+            next_tick = Instant::now() + tick;
+            coord.handle(now(), Event::Tick, &mut out);
         }
         work.extend(out.drain(..));
         while let Some(d) = work.pop_front() {
@@ -532,7 +560,17 @@ fn run_generation(
                 Decision::CommitManifest { checkpoint, kind, generation: g, reports } => {
                     let mut tasks: Vec<TaskStateHandle> = reports.iter().map(|(_, r)| r.handle.clone()).collect();
                     tasks.sort_by(|a, b| (&a.operator, a.subtask).cmp(&(&b.operator, b.subtask)));
-                    let align = reports.iter().map(|(_, r)| r.timings.alignment_ms).max().unwrap_or(0);
+                    let max = |f: &dyn Fn(&AckReport) -> u64| reports.iter().map(|(_, r)| f(r)).max().unwrap_or(0);
+                    let summary = CheckpointSummary {
+                        checkpoint,
+                        is_final: kind == SnapshotKind::Final,
+                        alignment_ms: max(&|r| r.timings.alignment_ms),
+                        start_delay_ms: max(&|r| r.timings.start_delay_ms),
+                        persist_ms: max(&|r| r.persist_ms),
+                        encode_us: max(&|r| r.encode_us),
+                        write_us: max(&|r| r.write_us),
+                        ..Default::default()
+                    };
                     let manifest = Manifest::new(
                         cfg.job_fingerprint.clone(),
                         checkpoint,
@@ -544,7 +582,7 @@ fn run_generation(
                     let bytes = manifest.total_size_bytes();
                     match store.commit_manifest(&manifest) {
                         Ok(()) => {
-                            pending_stats.insert(checkpoint, (align, bytes));
+                            pending_stats.insert(checkpoint, CheckpointSummary { bytes, ..summary });
                             coord.handle(now(), Event::ManifestCommitted { checkpoint }, &mut out);
                         }
                         Err(e) => {
@@ -556,14 +594,16 @@ fn run_generation(
                     if let Some(s) =
                         coord.history().filter(|s| s.checkpoint == checkpoint && s.outcome == Outcome::Completed).last()
                     {
-                        let d = s.duration_ms();
-                        report.checkpoint_durations_ms.push(d);
-                        let (align, bytes) = pending_stats.remove(&checkpoint).unwrap_or_default();
-                        report.alignment_ms.push(align);
-                        report.checkpoint_bytes.push(bytes);
+                        let mut sum = pending_stats.remove(&checkpoint).unwrap_or_default();
+                        sum.duration_ms = s.duration_ms();
+                        sum.slowest_task = s.slowest_task.map(|t| task_names[t.0 as usize].clone()).unwrap_or_default();
                         log(cfg, || {
-                            format!("checkpoint {checkpoint} complete in {d} ms ({bytes} bytes, alignment {align} ms)")
+                            format!(
+                                "checkpoint {} complete in {} ms: {} bytes, alignment {} ms, start delay {} ms, persist {} ms (encode {} us, write {} us), last ack from {}",
+                                sum.checkpoint, sum.duration_ms, sum.bytes, sum.alignment_ms, sum.start_delay_ms, sum.persist_ms, sum.encode_us, sum.write_us, sum.slowest_task
+                            )
                         });
+                        report.checkpoints.push(sum);
                     }
                     for c in &controls {
                         let _ = c.send(Control::Complete(checkpoint));
@@ -606,10 +646,14 @@ fn run_generation(
 
 fn writer_loop(rx: Receiver<WriteJob>, events: Sender<RtEvent>, store: Arc<dyn CheckpointStore>, faults: Faults) {
     for job in rx {
+        let (mut encode_us, mut write_us) = (0, 0);
         let result = (|| -> Result<TaskStateHandle, String> {
             faults.check(FaultPoint::SnapshotWrite).map_err(|e| e.to_string())?;
+            let t = Instant::now();
             let payload = job.snap.encode()?;
-            store
+            encode_us = t.elapsed().as_micros() as u64;
+            let t = Instant::now();
+            let r = store
                 .write_task_state(
                     job.barrier.checkpoint,
                     &job.operator,
@@ -618,7 +662,9 @@ fn writer_loop(rx: Receiver<WriteJob>, events: Sender<RtEvent>, store: Arc<dyn C
                     job.key_groups,
                     &payload,
                 )
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string());
+            write_us = t.elapsed().as_micros() as u64;
+            r
         })();
         let ev = match result {
             Ok(handle) => Event::Acked {
@@ -629,6 +675,8 @@ fn writer_loop(rx: Receiver<WriteJob>, events: Sender<RtEvent>, store: Arc<dyn C
                     handle,
                     timings: job.timings,
                     persist_ms: job.taken_at.elapsed().as_millis() as u64,
+                    encode_us,
+                    write_us,
                 },
             },
             Err(reason) => Event::Declined {

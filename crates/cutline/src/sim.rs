@@ -58,9 +58,11 @@ impl Rng {
 #[derive(Clone, Debug)]
 pub struct SimOptions {
     pub mode: CheckpointMode,
-    /// Records of source "left" (parallelism 2) and "right" (parallelism 1).
+    /// Records of source "left" (parallelism 2) and "right" (parallelism 1, behind a forward edge).
     pub left_records: u64,
     pub right_records: u64,
+    /// Records of source "rules" (parallelism 1), broadcast to 2 subtasks and unioned into "left".
+    pub rules_records: u64,
     pub keys: u64,
     pub max_concurrent: usize,
     /// A task fails at a random step.
@@ -80,6 +82,7 @@ impl Default for SimOptions {
             mode: CheckpointMode::ExactlyOnce,
             left_records: 240,
             right_records: 120,
+            rules_records: 30,
             keys: 7,
             max_concurrent: 1,
             task_crash_ppm: 1_500,
@@ -109,6 +112,9 @@ fn left_key(i: u64, keys: u64) -> u64 {
 fn right_key(i: u64, keys: u64) -> u64 {
     (i * 3 + 1) % keys
 }
+fn rules_key(i: u64, keys: u64) -> u64 {
+    (i * 5 + 2) % keys
+}
 
 /// The simulated job: two sources of different parallelism, connected into one keyed two-input
 /// operator whose state both inputs share, then a map and a transactional sink.
@@ -118,12 +124,17 @@ fn sim_job(o: &SimOptions, out: Arc<Mutex<MemoryTxnStore>>) -> JobGraph {
     job.set_parallelism(2).set_max_parallelism(16);
     let left =
         job.source_with_parallelism("left", 2, GeneratorSource::new(o.left_records, move |i| (left_key(i, keys), i)));
-    let right = job.source_with_parallelism(
-        "right",
-        1,
-        GeneratorSource::new(o.right_records, move |i| (right_key(i, keys), i)),
-    );
-    left.connect(right)
+    // A broadcast edge: every "rules" record reaches the join once through each of the 2 subtasks of
+    // "rules-b", unioned into the left input.
+    let rules = job
+        .source_with_parallelism("rules", 1, GeneratorSource::new(o.rules_records, move |i| (rules_key(i, keys), i)))
+        .broadcast("rules-b", 2);
+    // A forward edge on the right input.
+    let right = job
+        .source_with_parallelism("right", 1, GeneratorSource::new(o.right_records, move |i| (right_key(i, keys), i)))
+        .forward("right-fwd");
+    left.union(rules)
+        .connect(right)
         .key_by(|l: &(u64, u64)| l.0, |r: &(u64, u64)| r.0)
         .process("join", |k: &u64, state: &mut Option<(u64, u64)>, rec: Either<(u64, u64), (u64, u64)>, out| {
             let s = state.get_or_insert((0, 0));
@@ -138,25 +149,35 @@ fn sim_job(o: &SimOptions, out: Arc<Mutex<MemoryTxnStore>>) -> JobGraph {
                 }
             }
         })
+        // A rebalance edge from 2 to 3 subtasks, then the sink fused into them.
+        .rebalance("spread", 3)
         .map(|s: String| s)
         .sink("out", MemoryTxnSink::new(out));
     job.build().expect("sim job is valid")
 }
 
-/// The committed output of a run without failures, sorted.
-fn expected_output(o: &SimOptions) -> Vec<String> {
-    let mut l: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut r: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut out = Vec::new();
+/// Per key, how many left-input and right-input records the join sees in a run without failures
+/// (rules records count twice: they arrive through both broadcast subtasks).
+fn expected_counts(o: &SimOptions) -> BTreeMap<u64, (u64, u64)> {
+    let mut want: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     for i in 0..o.left_records {
-        let c = l.entry(left_key(i, o.keys)).or_default();
-        *c += 1;
-        out.push(format!("L:{}:{c}", left_key(i, o.keys)));
+        want.entry(left_key(i, o.keys)).or_default().0 += 1;
+    }
+    for i in 0..o.rules_records {
+        want.entry(rules_key(i, o.keys)).or_default().0 += 2;
     }
     for i in 0..o.right_records {
-        let c = r.entry(right_key(i, o.keys)).or_default();
-        *c += 1;
-        out.push(format!("R:{}:{c}", right_key(i, o.keys)));
+        want.entry(right_key(i, o.keys)).or_default().1 += 1;
+    }
+    want
+}
+
+/// The committed output of a run without failures, sorted.
+fn expected_output(o: &SimOptions) -> Vec<String> {
+    let mut out = Vec::new();
+    for (k, (l, r)) in expected_counts(o) {
+        out.extend((1..=l).map(|n| format!("L:{k}:{n}")));
+        out.extend((1..=r).map(|n| format!("R:{k}:{n}")));
     }
     out.sort();
     out
@@ -462,6 +483,11 @@ impl Sim {
             while i < off.min(self.o.left_records) {
                 want.entry(left_key(i, self.o.keys)).or_default().0 += 1;
                 i += par as u64;
+            }
+        }
+        for (_, _, off) in offsets("rules") {
+            for i in 0..off.min(self.o.rules_records) {
+                want.entry(rules_key(i, self.o.keys)).or_default().0 += 2;
             }
         }
         for (_, _, off) in offsets("right") {

@@ -335,16 +335,21 @@ fn bench(events: u64, keys: u64, parallelism: u32, interval: &str) -> Result<()>
         v[((v.len() as f64 - 1.0) * p).round() as usize]
     };
     // The final checkpoint at end of input is not a periodic one: leave it out of the statistics.
-    let n = report.checkpoint_durations_ms.len().saturating_sub(1);
-    let d = &report.checkpoint_durations_ms[..n];
-    let a = &report.alignment_ms[..n];
+    let periodic: Vec<&cutline::CheckpointSummary> = report.checkpoints.iter().filter(|c| !c.is_final).collect();
+    let col = |f: &dyn Fn(&cutline::CheckpointSummary) -> u64| periodic.iter().map(|c| f(c)).collect::<Vec<u64>>();
+    let d = col(&|c| c.duration_ms);
     println!(
-        "events={events} keys={keys} parallelism={parallelism} interval={interval} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={n} duration_p50_ms={} duration_p99_ms={} alignment_p99_ms={} state_bytes_last={}",
+        "events={events} keys={keys} parallelism={parallelism} interval={interval} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_p99_ms={} alignment_p99_ms={} start_delay_p99_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} state_bytes={}",
         events as f64 / secs,
-        pct(d, 0.5),
-        pct(d, 0.99),
-        pct(a, 0.99),
-        report.checkpoint_bytes.get(n.saturating_sub(1)).copied().unwrap_or(0),
+        d.len(),
+        pct(&d, 0.5),
+        pct(&d, 0.99),
+        pct(&col(&|c| c.alignment_ms), 0.99),
+        pct(&col(&|c| c.start_delay_ms), 0.99),
+        pct(&col(&|c| c.persist_ms), 0.5),
+        pct(&col(&|c| c.encode_us), 0.5),
+        pct(&col(&|c| c.write_us), 0.5),
+        report.checkpoints.last().map(|c| c.bytes).unwrap_or(0),
     );
     Ok(())
 }
