@@ -1,0 +1,142 @@
+//! Recovery scenarios of the threaded runtime against a real state directory: falling back from a
+//! corrupt checkpoint, refusing state that no longer fits the job, and restoring keyed state at another
+//! parallelism.
+
+use cutline::{
+    FaultPoint, Faults, GeneratorSource, Job, JobGraph, LocalDirStore, MemoryTxnSink, MemoryTxnStore, RestartStrategy,
+    RunConfig, RunError,
+};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const RECORDS: u64 = 3000;
+const KEYS: u64 = 13;
+
+/// source -> (slow map) -> keyed running count with `keyed_parallelism` -> sink of parallelism 1.
+fn counting_job(keyed_uid: &str, keyed_parallelism: u32, out: Arc<Mutex<MemoryTxnStore>>) -> JobGraph {
+    let job = Job::new("counting");
+    job.source_with_parallelism("numbers", 1, GeneratorSource::new(RECORDS, |i| i % KEYS))
+        .map(|k: u64| {
+            std::thread::sleep(Duration::from_micros(20));
+            k
+        })
+        .key_by(|k: &u64| *k)
+        .parallelism(keyed_parallelism)
+        .aggregate(keyed_uid, || 0u64, |c, _k| *c += 1, |k, c| format!("{k}:{c}"))
+        .sink_with_parallelism("out", 1, MemoryTxnSink::new(out));
+    job.build().expect("valid job")
+}
+
+fn expected() -> Vec<String> {
+    let mut per_key: BTreeMap<u64, u64> = BTreeMap::new();
+    for i in 0..RECORDS {
+        *per_key.entry(i % KEYS).or_default() += 1;
+    }
+    let mut v: Vec<String> = per_key.iter().flat_map(|(k, n)| (1..=*n).map(move |c| format!("{k}:{c}"))).collect();
+    v.sort();
+    v
+}
+
+fn committed(out: &Arc<Mutex<MemoryTxnStore>>) -> Vec<String> {
+    let mut v = out.lock().unwrap().committed_records();
+    v.sort();
+    v
+}
+
+fn config(dir: &std::path::Path) -> RunConfig {
+    let mut cfg = RunConfig::new(Arc::new(LocalDirStore::open(dir).unwrap()), "counting-v1");
+    cfg.checkpoint.interval_ms = Some(5);
+    cfg.batch_size = 16;
+    cfg
+}
+
+/// Fails the `n`-th sink commit; with no restarts allowed, the run stops there with checkpoints on disk.
+fn crash_at_commit(cfg: &mut RunConfig, n: u64) {
+    let count = Arc::new(AtomicU64::new(0));
+    cfg.faults = Faults::new(move |p| p == FaultPoint::SinkCommit && count.fetch_add(1, Ordering::SeqCst) + 1 == n);
+    cfg.restart = RestartStrategy::None;
+}
+
+fn flip_a_byte_of_the_latest_state_file(dir: &std::path::Path) -> u64 {
+    let ckpts = dir.join("checkpoints");
+    let mut complete: Vec<_> = std::fs::read_dir(&ckpts)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("_MANIFEST").exists())
+        .collect();
+    complete.sort();
+    let latest = complete.last().expect("a complete checkpoint").clone();
+    let state = std::fs::read_dir(&latest)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "state"))
+        .unwrap();
+    let mut bytes = std::fs::read(&state).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&state, bytes).unwrap();
+    latest.file_name().unwrap().to_string_lossy().trim_start_matches("chk-").parse().unwrap()
+}
+
+#[test]
+fn a_corrupt_latest_checkpoint_falls_back_to_the_previous_one_and_output_stays_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let graph = counting_job("counts", 2, out.clone());
+    let mut cfg = config(dir.path());
+    crash_at_commit(&mut cfg, 4);
+    let err = cutline::run(&graph, cfg).expect_err("the injected failure stops the run");
+    assert!(matches!(err, RunError::GaveUp { .. }), "{err}");
+    let corrupted = flip_a_byte_of_the_latest_state_file(dir.path());
+
+    let report = cutline::run(&graph, config(dir.path())).expect("restores an older checkpoint");
+    let restored = report.restored_from.expect("restored from a checkpoint").0;
+    assert!(restored < corrupted, "restored {restored}, which is not older than the corrupt {corrupted}");
+    assert_eq!(committed(&out), expected());
+}
+
+#[test]
+fn state_of_an_operator_the_job_no_longer_has_is_refused_and_nothing_is_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let mut cfg = config(dir.path());
+    crash_at_commit(&mut cfg, 3);
+    cutline::run(&counting_job("counts", 2, out.clone()), cfg).expect_err("stopped by the injected failure");
+    let before: Vec<_> = walk(dir.path());
+
+    let err = cutline::run(&counting_job("renamed-counts", 2, out), config(dir.path())).expect_err("must refuse");
+    let msg = err.to_string();
+    assert!(msg.contains("\"counts\""), "the message names the missing operator: {msg}");
+    assert_eq!(
+        walk(dir.path()).iter().filter(|p| p.contains("chk-")).count(),
+        before.iter().filter(|p| p.contains("chk-")).count()
+    );
+}
+
+#[test]
+fn keyed_state_restores_at_a_higher_parallelism() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let mut cfg = config(dir.path());
+    crash_at_commit(&mut cfg, 5);
+    cutline::run(&counting_job("counts", 2, out.clone()), cfg).expect_err("stopped by the injected failure");
+    let report = cutline::run(&counting_job("counts", 3, out.clone()), config(dir.path())).expect("rescaled restore");
+    assert!(report.restored_from.is_some());
+    assert_eq!(committed(&out), expected());
+}
+
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            v.extend(walk(&p));
+        } else {
+            v.push(p.to_string_lossy().into_owned());
+        }
+    }
+    v.sort();
+    v
+}
