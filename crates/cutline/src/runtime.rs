@@ -50,8 +50,9 @@ pub struct RunConfig {
     pub batch_size: usize,
     /// Snapshot writer threads (default 1).
     pub snapshot_writers: usize,
+    /// Failure injection (drills, tests); none by default.
     pub faults: Faults,
-    /// Extra store failures (drills); `None` uses the store as is.
+    /// How often the coordinator evaluates triggers and timeouts (default 1 ms).
     pub tick_ms: u64,
     /// Print a line per checkpoint, failure and restart to stderr.
     pub verbose: bool,
@@ -92,13 +93,15 @@ impl RunConfig {
 pub enum RunError {
     #[error("invalid configuration: {0}")]
     Config(String),
-    #[error("the state directory {store} belongs to job {found:?}, not {expected:?}: use another --state directory")]
+    #[error(
+        "the checkpoints in {store} belong to job {found:?}, not {expected:?}: use another state directory (--state)"
+    )]
     WrongJob { store: String, found: String, expected: String },
     #[error("checkpoint storage: {0}")]
     Storage(#[from] StorageError),
     #[error("cannot restore checkpoint {checkpoint}: {reason}")]
     Restore { checkpoint: CheckpointId, reason: String },
-    #[error("the job failed {attempts} times in a row and the restart strategy gave up; last failure: {last}")]
+    #[error("the job failed and the restart strategy gave up after {attempts} restart(s); last failure: {last}")]
     GaveUp { attempts: u32, last: String },
     #[error("a task failed while the job was being deployed: {0}")]
     Deploy(TaskError),

@@ -5,17 +5,22 @@
 use cutline::sim::{run_seed, SimOptions};
 use cutline::CheckpointMode;
 
-/// Seeds per scenario; CI runs this many, `SIM_SEEDS=n` runs more (or fewer) locally.
-fn seeds() -> u64 {
-    std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3000)
+/// Seeds per scenario: CI runs 3000; `SIM_SEEDS=n` runs more (or fewer), `SIM_SEED=s` runs only seed s.
+fn seeds() -> std::ops::Range<u64> {
+    let var = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<u64>().ok());
+    match var("SIM_SEED") {
+        Some(s) => s..s + 1,
+        None => 0..var("SIM_SEEDS").unwrap_or(3000),
+    }
 }
 
 fn run_all(name: &str, o: SimOptions) {
-    let n = seeds();
+    let range = seeds();
+    let n = range.end - range.start;
     let mut failovers = 0;
     let mut crashes = 0;
     let mut cuts = 0;
-    for seed in 0..n {
+    for seed in range {
         match run_seed(seed, &o) {
             Ok(r) => {
                 failovers += r.failovers;
@@ -31,7 +36,9 @@ fn run_all(name: &str, o: SimOptions) {
         "{name}: {n} seeds passed; {failovers} failovers, {crashes} process crashes, {cuts} consistent cuts checked"
     );
     // The scenario must really exercise recovery, or it proves nothing.
-    assert!(failovers > n / 4 && crashes > n / 10 && cuts > n, "{name}: too few failures exercised");
+    if n >= 100 {
+        assert!(failovers > n / 4 && crashes > n / 10 && cuts > n, "{name}: too few failures exercised");
+    }
 }
 
 #[test]

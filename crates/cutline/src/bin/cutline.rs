@@ -149,10 +149,31 @@ fn wordcount_config(
     if std::fs::metadata(input)?.is_dir() {
         bail!("input {} is a directory, not a file", input.display());
     }
+    let input_abs = std::fs::canonicalize(input)?;
+    // The output's absolute path names the job: refuse another job's state before creating anything.
+    let output_abs = match output.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(parent) => std::fs::canonicalize(parent)
+            .with_context(|| format!("the parent of output directory {} does not exist", output.display()))?
+            .join(output.file_name().context("output must name a directory")?),
+        None => std::env::current_dir()?.join(output),
+    };
+    let fingerprint = format!("wordcount input={} output={}", input_abs.display(), output_abs.display());
+    if state.join("job.meta").exists() {
+        let store =
+            LocalDirStore::open(state).with_context(|| format!("cannot open state directory {}", state.display()))?;
+        if let Some(m) = store.read_meta()? {
+            if m.job_fingerprint != fingerprint {
+                bail!(
+                    "the state directory {} belongs to job {:?}, not {:?}: use another --state directory",
+                    state.display(),
+                    m.job_fingerprint,
+                    fingerprint
+                );
+            }
+        }
+    }
     check_writable_dir(output, "output")?;
     check_writable_dir(state, "state")?;
-    let input_abs = std::fs::canonicalize(input)?;
-    let output_abs = std::fs::canonicalize(output)?;
     let graph = cutline::jobs::wordcount_paced(
         &input_abs,
         parallelism,
@@ -163,7 +184,6 @@ fn wordcount_config(
     let store = Arc::new(
         LocalDirStore::open(state).with_context(|| format!("cannot open state directory {}", state.display()))?,
     );
-    let fingerprint = format!("wordcount input={} output={}", input_abs.display(), output_abs.display());
     let mut cfg = RunConfig::new(store, fingerprint);
     cfg.checkpoint.interval_ms = interval_ms;
     cfg.checkpoint.mode = mode;
@@ -203,6 +223,9 @@ fn run_wordcount(
 fn list_checkpoints(state: &Path) -> Result<()> {
     if !state.is_dir() {
         bail!("state directory {} does not exist", state.display());
+    }
+    if !state.join("job.meta").exists() && !state.join("checkpoints").is_dir() {
+        bail!("{} holds no cutline state (no job.meta, no checkpoints/)", state.display());
     }
     let store = LocalDirStore::open(state)?;
     let meta = store.read_meta()?;
