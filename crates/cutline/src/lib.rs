@@ -22,6 +22,7 @@
 //! ```
 
 mod api;
+mod driver;
 mod emit;
 mod fault;
 mod graph;

@@ -5,19 +5,22 @@
 //! It owns no protocol logic of its own: the coordinator, aligner and restart policy decide; this module
 //! moves messages, bytes and threads.
 
-use crate::fault::{FaultPoint, Faults};
-use crate::graph::{DeployOptions, DeployedTask, EdgeKind, JobGraph};
+use crate::driver::{
+    carry_out, discard, next_generation, task_metas, write_snapshot, Carried, CheckpointLog, ControlPlane, DriverCtx,
+    SnapshotJob, TaskMeta,
+};
+use crate::fault::Faults;
+use crate::graph::{DeployOptions, DeployedTask, JobGraph};
 use crate::message::{Control, TaskError};
 use crate::source::SourceStatus;
 use crate::state::{RestoreIndex, SnapshotBuilder};
 use crate::task::{SnapshotTimings, SourcePhase, Task, TaskEnv};
 use crossbeam_channel::{Receiver, Select, Sender};
-use cutline_core::barrier::{Barrier, SnapshotKind};
-use cutline_core::coordinator::{CheckpointConfig, Coordinator, Decision, Event, Outcome, EPOCH_LEASE_BLOCK};
+use cutline_core::barrier::Barrier;
+use cutline_core::coordinator::{CheckpointConfig, Coordinator, Decision, Event, EPOCH_LEASE_BLOCK};
 use cutline_core::restart::{RestartDecision, RestartStrategy, RestartTracker};
-use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex, TaskId, TimeMs};
+use cutline_core::{CheckpointId, Generation, TaskId, TimeMs};
 use cutline_storage::{CheckpointStore, JobMeta, Manifest, StorageError, TaskStateHandle};
-use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -164,30 +167,10 @@ enum RtEvent {
     Failed { generation: Generation, task: TaskId, error: String },
 }
 
-struct WriteJob {
-    generation: Generation,
-    task: TaskId,
-    operator: OperatorId,
-    subtask: u32,
-    parallelism: u32,
-    key_groups: Option<KeyGroupRange>,
-    barrier: Barrier,
-    snap: SnapshotBuilder,
-    timings: SnapshotTimings,
-    taken_at: Instant,
-}
-
-struct TaskMeta {
-    operator: OperatorId,
-    subtask: u32,
-    parallelism: u32,
-    key_groups: Option<KeyGroupRange>,
-}
-
 struct RtEnv {
     start: Instant,
     generation: Generation,
-    writer: Sender<WriteJob>,
+    writer: Sender<(SnapshotJob, Instant)>,
     events: Sender<RtEvent>,
     metas: Arc<Vec<TaskMeta>>,
 }
@@ -197,21 +180,10 @@ impl TaskEnv for RtEnv {
         TimeMs(self.start.elapsed().as_millis() as u64)
     }
     fn persist(&mut self, task: TaskId, barrier: Barrier, snap: SnapshotBuilder, timings: SnapshotTimings) {
-        let m = &self.metas[task.0 as usize];
-        let job = WriteJob {
-            generation: self.generation,
-            task,
-            operator: m.operator.clone(),
-            subtask: m.subtask,
-            parallelism: m.parallelism,
-            key_groups: m.key_groups,
-            barrier,
-            snap,
-            timings,
-            taken_at: Instant::now(),
-        };
+        let meta = self.metas[task.0 as usize].clone();
+        let job = SnapshotJob { generation: self.generation, task, meta, barrier, snap, timings };
         // Writers gone means the job is being torn down; the snapshot no longer matters.
-        let _ = self.writer.send(job);
+        let _ = self.writer.send((job, Instant::now()));
     }
     fn source_finished(&mut self, task: TaskId) {
         let _ = self.events.send(RtEvent::Coord(Event::SourceFinished { generation: self.generation, task }));
@@ -225,7 +197,7 @@ fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-fn log(cfg: &RunConfig, msg: impl FnOnce() -> String) {
+fn log(cfg: &RunConfig, msg: impl Fn() -> String) {
     if cfg.verbose {
         eprintln!("cutline: {}", msg());
     }
@@ -339,6 +311,7 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
     let (first, mut generation, mut lease_end) = (start.first, start.generation, start.lease_end);
 
     let mut report = JobReport::default();
+    let mut stats = CheckpointLog::default();
     let mut tracker = RestartTracker::new(cfg.restart.clone());
     let mut coordinator: Option<Coordinator<AckReport>> = None;
     let mut failed_at: Option<Instant> = None;
@@ -367,12 +340,7 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
                 let reason = format!("deploying {generation}: {e}");
                 failed_at.get_or_insert_with(Instant::now);
                 after_failure(&cfg, &mut tracker, started, reason, &mut report)?;
-                generation = generation.next();
-                store.write_meta(&JobMeta {
-                    job_fingerprint: cfg.job_fingerprint.clone(),
-                    generation,
-                    epoch_lease_end: lease_end,
-                })?;
+                generation = next_generation(&*store, &cfg.job_fingerprint, generation, lease_end)?;
                 continue;
             }
         };
@@ -400,7 +368,7 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
                 // Aborts of the old generation's checkpoints: discard their artifacts.
                 for d in out {
                     if let Decision::Abort { checkpoint, .. } = d {
-                        let _ = store.discard(checkpoint);
+                        discard(&*store, checkpoint, &LogOnly(&cfg));
                     }
                 }
                 c
@@ -409,10 +377,11 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
         if let Some(at) = failed_at.take() {
             report.recovery_ms.push(at.elapsed().as_millis() as u64);
         }
-        let outcome = run_generation(graph, &cfg, coord, deployed, generation, started, &mut report, &mut lease_end)?;
+        let outcome = run_generation(graph, &cfg, coord, deployed, generation, started, &mut stats, &mut lease_end)?;
         match outcome {
             GenerationOutcome::Finished(c) => {
                 report.final_checkpoint = Some(c);
+                report.checkpoints = std::mem::take(&mut stats.done);
                 report.checkpoints_completed = coord.completed_count();
                 report.checkpoints_failed = coord.failed_count();
                 report.elapsed_ms = started.elapsed().as_millis() as u64;
@@ -421,12 +390,7 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
             GenerationOutcome::FailedOver(reason) => {
                 failed_at = Some(Instant::now());
                 after_failure(&cfg, &mut tracker, started, reason, &mut report)?;
-                generation = generation.next();
-                store.write_meta(&JobMeta {
-                    job_fingerprint: cfg.job_fingerprint.clone(),
-                    generation,
-                    epoch_lease_end: lease_end,
-                })?;
+                generation = next_generation(&*store, &cfg.job_fingerprint, generation, lease_end)?;
             }
         }
     }
@@ -465,28 +429,13 @@ fn run_generation(
     deployed: Vec<DeployedTask>,
     generation: Generation,
     started: Instant,
-    report: &mut JobReport,
+    stats: &mut CheckpointLog,
     lease_end: &mut CheckpointId,
 ) -> Result<GenerationOutcome, RunError> {
     let store = cfg.store.clone();
     let (ev_tx, ev_rx) = crossbeam_channel::unbounded::<RtEvent>();
-    let (wr_tx, wr_rx) = crossbeam_channel::bounded::<WriteJob>(SNAPSHOT_QUEUE_CAPACITY);
-    let metas: Arc<Vec<TaskMeta>> = Arc::new(
-        deployed
-            .iter()
-            .map(|d| {
-                let st = &graph.stages[d.stage];
-                let keyed = st.inputs.first().is_some_and(|e| graph.edges[*e].kind == EdgeKind::Hash);
-                TaskMeta {
-                    operator: OperatorId::new(st.uid.clone()),
-                    subtask: d.subtask,
-                    parallelism: st.parallelism,
-                    key_groups: keyed
-                        .then(|| KeyGroupRange::for_subtask(graph.max_parallelism, st.parallelism, d.subtask)),
-                }
-            })
-            .collect(),
-    );
+    let (wr_tx, wr_rx) = crossbeam_channel::bounded::<(SnapshotJob, Instant)>(SNAPSHOT_QUEUE_CAPACITY);
+    let metas: Arc<Vec<TaskMeta>> = Arc::new(task_metas(graph, &deployed));
     // Snapshot writers.
     let mut writers = Vec::new();
     for w in 0..cfg.snapshot_writers {
@@ -502,7 +451,7 @@ fn run_generation(
         );
     }
     drop(wr_rx);
-    let task_names: Vec<String> = deployed.iter().map(|d| d.task.name.clone()).collect();
+    stats.task_names = deployed.iter().map(|d| d.task.name.clone()).collect();
     // Tasks.
     let mut controls: Vec<Sender<Control>> = Vec::new();
     let mut handles: Vec<JoinHandle<()>> = Vec::new();
@@ -524,112 +473,40 @@ fn run_generation(
     drop(wr_tx);
     drop(ev_tx);
 
-    let now = || TimeMs(started.elapsed().as_millis() as u64);
-    let mut work: VecDeque<Decision<AckReport>> = VecDeque::new();
-    let mut out = Vec::new();
+    let mut plane = ThreadPlane { controls: &controls, sources: &source_ids, started, cfg };
+    let mut ctx = DriverCtx {
+        store: &*store,
+        fingerprint: &cfg.job_fingerprint,
+        generation,
+        retain: cfg.retain,
+        lease_end,
+        stats,
+        unix_ms: unix_ms(),
+    };
     let tick = Duration::from_millis(cfg.tick_ms);
-    let mut pending_stats: std::collections::HashMap<CheckpointId, CheckpointSummary> = Default::default();
     let mut next_tick = Instant::now() + tick;
-    let outcome = 'run: loop {
+    let mut out = Vec::new();
+    let outcome = loop {
         // Ticks come every `tick` whether or not events keep arriving.
         match ev_rx.recv_deadline(next_tick) {
-            Ok(RtEvent::Coord(e)) => coord.handle(now(), e, &mut out),
+            Ok(RtEvent::Coord(e)) => coord.handle(plane.now(), e, &mut out),
             Ok(RtEvent::Failed { generation: g, task, error }) => {
-                coord.handle(now(), Event::TaskFailed { generation: g, task, reason: error }, &mut out)
+                coord.handle(plane.now(), Event::TaskFailed { generation: g, task, reason: error }, &mut out)
             }
             Err(_) => {}
         }
         if Instant::now() >= next_tick {
             next_tick = Instant::now() + tick;
-            coord.handle(now(), Event::Tick, &mut out);
+            coord.handle(plane.now(), Event::Tick, &mut out);
         }
-        work.extend(out.drain(..));
-        while let Some(d) = work.pop_front() {
-            match d {
-                Decision::ExtendLease { lease_end: end } => {
-                    store.write_meta(&JobMeta {
-                        job_fingerprint: cfg.job_fingerprint.clone(),
-                        generation,
-                        epoch_lease_end: end,
-                    })?;
-                    *lease_end = end;
-                    coord.handle(now(), Event::LeaseExtended { lease_end: end }, &mut out);
-                }
-                Decision::Trigger { barrier } => {
-                    for s in &source_ids {
-                        let _ = controls[s.0 as usize].send(Control::Trigger(barrier));
-                    }
-                }
-                Decision::CommitManifest { checkpoint, kind, generation: g, reports } => {
-                    let mut tasks: Vec<TaskStateHandle> = reports.iter().map(|(_, r)| r.handle.clone()).collect();
-                    tasks.sort_by(|a, b| (&a.operator, a.subtask).cmp(&(&b.operator, b.subtask)));
-                    let max = |f: &dyn Fn(&AckReport) -> u64| reports.iter().map(|(_, r)| f(r)).max().unwrap_or(0);
-                    let summary = CheckpointSummary {
-                        checkpoint,
-                        is_final: kind == SnapshotKind::Final,
-                        alignment_ms: max(&|r| r.timings.alignment_ms),
-                        start_delay_ms: max(&|r| r.timings.start_delay_ms),
-                        persist_ms: max(&|r| r.persist_ms),
-                        encode_us: max(&|r| r.encode_us),
-                        write_us: max(&|r| r.write_us),
-                        ..Default::default()
-                    };
-                    let manifest = Manifest::new(
-                        cfg.job_fingerprint.clone(),
-                        checkpoint,
-                        g,
-                        unix_ms(),
-                        kind == SnapshotKind::Final,
-                        tasks,
-                    );
-                    let bytes = manifest.total_size_bytes();
-                    match store.commit_manifest(&manifest) {
-                        Ok(()) => {
-                            pending_stats.insert(checkpoint, CheckpointSummary { bytes, ..summary });
-                            coord.handle(now(), Event::ManifestCommitted { checkpoint }, &mut out);
-                        }
-                        Err(e) => {
-                            coord.handle(now(), Event::ManifestFailed { checkpoint, reason: e.to_string() }, &mut out)
-                        }
-                    }
-                }
-                Decision::NotifyComplete { checkpoint } => {
-                    if let Some(s) =
-                        coord.history().filter(|s| s.checkpoint == checkpoint && s.outcome == Outcome::Completed).last()
-                    {
-                        let mut sum = pending_stats.remove(&checkpoint).unwrap_or_default();
-                        sum.duration_ms = s.duration_ms();
-                        sum.slowest_task = s.slowest_task.map(|t| task_names[t.0 as usize].clone()).unwrap_or_default();
-                        log(cfg, || {
-                            format!(
-                                "checkpoint {} complete in {} ms: {} bytes, alignment {} ms, start delay {} ms, persist {} ms (encode {} us, write {} us), last ack from {}",
-                                sum.checkpoint, sum.duration_ms, sum.bytes, sum.alignment_ms, sum.start_delay_ms, sum.persist_ms, sum.encode_us, sum.write_us, sum.slowest_task
-                            )
-                        });
-                        report.checkpoints.push(sum);
-                    }
-                    for c in &controls {
-                        let _ = c.send(Control::Complete(checkpoint));
-                    }
-                    store.gc(cfg.retain, &coord.pending())?;
-                }
-                Decision::Abort { checkpoint, reason } => {
-                    log(cfg, || format!("checkpoint {checkpoint} aborted: {reason:?}"));
-                    for c in &controls {
-                        let _ = c.send(Control::Abort(checkpoint));
-                    }
-                    match store.discard(checkpoint) {
-                        Ok(()) | Err(StorageError::DiscardComplete(_)) => {}
-                        Err(e) => log(cfg, || format!("could not discard {checkpoint}: {e} (retention will)")),
-                    }
-                }
-                Decision::FailOver { reason } => break 'run GenerationOutcome::FailedOver(reason),
-                Decision::JobFinished { checkpoint } => {
-                    store.mark_finished(checkpoint)?;
-                    break 'run GenerationOutcome::Finished(checkpoint);
-                }
-            }
-            work.extend(out.drain(..));
+        if out.is_empty() {
+            continue;
+        }
+        ctx.unix_ms = unix_ms();
+        match carry_out(coord, std::mem::take(&mut out), &mut ctx, &mut plane)? {
+            Carried::Continue => {}
+            Carried::FailOver(reason) => break GenerationOutcome::FailedOver(reason),
+            Carried::Finished(c) => break GenerationOutcome::Finished(c),
         }
     };
     // Tear down: every task stops; writers drain and stop; late acks of this generation are dropped.
@@ -647,51 +524,59 @@ fn run_generation(
     Ok(outcome)
 }
 
-fn writer_loop(rx: Receiver<WriteJob>, events: Sender<RtEvent>, store: Arc<dyn CheckpointStore>, faults: Faults) {
-    for job in rx {
-        let (mut encode_us, mut write_us) = (0, 0);
-        let result = (|| -> Result<TaskStateHandle, String> {
-            faults.check(FaultPoint::SnapshotWrite).map_err(|e| e.to_string())?;
-            let t = Instant::now();
-            let payload = job.snap.encode()?;
-            encode_us = t.elapsed().as_micros() as u64;
-            let t = Instant::now();
-            let r = store
-                .write_task_state(
-                    job.barrier.checkpoint,
-                    &job.operator,
-                    SubtaskIndex(job.subtask),
-                    job.parallelism,
-                    job.key_groups,
-                    &payload,
-                )
-                .map_err(|e| e.to_string());
-            write_us = t.elapsed().as_micros() as u64;
-            r
-        })();
-        let ev = match result {
-            Ok(handle) => Event::Acked {
-                generation: job.generation,
-                checkpoint: job.barrier.checkpoint,
-                task: job.task,
-                report: AckReport {
-                    handle,
-                    timings: job.timings,
-                    persist_ms: job.taken_at.elapsed().as_millis() as u64,
-                    encode_us,
-                    write_us,
-                },
-            },
-            Err(reason) => Event::Declined {
-                generation: job.generation,
-                checkpoint: job.barrier.checkpoint,
-                task: job.task,
-                reason,
-            },
-        };
+fn writer_loop(
+    rx: Receiver<(SnapshotJob, Instant)>,
+    events: Sender<RtEvent>,
+    store: Arc<dyn CheckpointStore>,
+    faults: Faults,
+) {
+    for (job, captured) in rx {
+        let ev = write_snapshot(&*store, &faults, job, || captured.elapsed().as_millis() as u64);
         if events.send(RtEvent::Coord(ev)).is_err() {
             return;
         }
+    }
+}
+
+/// The threaded runtime's control plane: one unbounded control channel per task.
+struct ThreadPlane<'a> {
+    controls: &'a [Sender<Control>],
+    sources: &'a [TaskId],
+    started: Instant,
+    cfg: &'a RunConfig,
+}
+
+impl ControlPlane for ThreadPlane<'_> {
+    fn send_all(&mut self, c: Control, sources_only: bool) {
+        // A closed channel is a task that already stopped; the coordinator learns that separately.
+        if sources_only {
+            for s in self.sources {
+                let _ = self.controls[s.0 as usize].send(c.clone());
+            }
+        } else {
+            for t in self.controls {
+                let _ = t.send(c.clone());
+            }
+        }
+    }
+    fn now(&self) -> TimeMs {
+        TimeMs(self.started.elapsed().as_millis() as u64)
+    }
+    fn log(&self, msg: &dyn Fn() -> String) {
+        log(self.cfg, msg)
+    }
+}
+
+/// A control plane with no tasks, for logging outside a generation.
+struct LogOnly<'a>(&'a RunConfig);
+
+impl ControlPlane for LogOnly<'_> {
+    fn send_all(&mut self, _c: Control, _sources_only: bool) {}
+    fn now(&self) -> TimeMs {
+        TimeMs(0)
+    }
+    fn log(&self, msg: &dyn Fn() -> String) {
+        log(self.0, msg)
     }
 }
 

@@ -7,24 +7,30 @@
 //! After every completed checkpoint it checks that the checkpoint is a consistent cut (the keyed state
 //! equals exactly what the sources' recorded offsets imply, or at least that much in at-least-once mode);
 //! at the end it checks that the committed output equals that of a run without failures (or contains
-//! it). A failing seed replays exactly: nothing here reads a clock or spawns a thread.
+//! it). A failing seed replays exactly: no clock influences a decision (time is simulated; only the
+//! encode/write statistics read one) and nothing spawns a thread.
 //!
-//! It drives the same `Task`, `Coordinator`, `MemStore`/`FaultyStore` and sink code as the threaded
-//! runtime; only the scheduling (this file) differs.
+//! It drives the same `Task`, `Coordinator`, decision carrier (`driver.rs`), `MemStore`/`FaultyStore`
+//! and sink code as the threaded runtime; only the scheduling (this file) differs.
 
 use crate::api::{Either, Job};
+use crate::driver::{
+    carry_out, next_generation, task_metas, write_snapshot, Carried, CheckpointLog, ControlPlane, DriverCtx,
+    SnapshotJob, TaskMeta,
+};
 use crate::fault::{FaultPoint, Faults};
-use crate::graph::{DeployOptions, EdgeKind, JobGraph};
+use crate::graph::{DeployOptions, JobGraph};
 use crate::message::Control;
 use crate::runtime::{load_checkpoint, prepare_start, restore_latest, RunConfig, Start};
+use crate::runtime::{AckReport, RunError};
 use crate::sink::{MemoryTxnSink, MemoryTxnStore};
 use crate::source::{GeneratorSource, SourceStatus};
 use crate::state::{stable_hash, ElementState, SnapshotBuilder};
 use crate::task::{SnapshotTimings, SourcePhase, Task, TaskEnv};
-use cutline_core::barrier::{Barrier, CheckpointMode, SnapshotKind};
+use cutline_core::barrier::{Barrier, CheckpointMode};
 use cutline_core::coordinator::{CheckpointConfig, Coordinator, Decision, Event};
-use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex, TaskId, TimeMs};
-use cutline_storage::{CheckpointStore, FaultyStore, JobMeta, Manifest, MemStore, StoreOp, TaskStateHandle};
+use cutline_core::{CheckpointId, Generation, TaskId, TimeMs};
+use cutline_storage::{CheckpointStore, FaultyStore, MemStore, StoreOp};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -183,29 +189,17 @@ fn expected_output(o: &SimOptions) -> Vec<String> {
     out
 }
 
-struct PendingWrite {
-    generation: Generation,
-    task: TaskId,
-    operator: OperatorId,
-    subtask: u32,
-    parallelism: u32,
-    key_groups: Option<KeyGroupRange>,
-    barrier: Barrier,
-    snap: SnapshotBuilder,
-    timings: SnapshotTimings,
-}
-
 enum SimEvent {
-    Coord(Event<TaskStateHandle>),
+    Coord(Event<AckReport>),
 }
 
 /// The environment the simulated tasks see.
 struct SimEnv<'a> {
     now: TimeMs,
     generation: Generation,
-    writes: &'a mut Vec<PendingWrite>,
+    writes: &'a mut Vec<SnapshotJob>,
     events: &'a mut VecDeque<SimEvent>,
-    metas: &'a [(OperatorId, u32, u32, Option<KeyGroupRange>)],
+    metas: &'a [TaskMeta],
 }
 
 impl TaskEnv for SimEnv<'_> {
@@ -213,18 +207,8 @@ impl TaskEnv for SimEnv<'_> {
         self.now
     }
     fn persist(&mut self, task: TaskId, barrier: Barrier, snap: SnapshotBuilder, timings: SnapshotTimings) {
-        let (operator, subtask, parallelism, key_groups) = self.metas[task.0 as usize].clone();
-        self.writes.push(PendingWrite {
-            generation: self.generation,
-            task,
-            operator,
-            subtask,
-            parallelism,
-            key_groups,
-            barrier,
-            snap,
-            timings,
-        });
+        let meta = self.metas[task.0 as usize].clone();
+        self.writes.push(SnapshotJob { generation: self.generation, task, meta, barrier, snap, timings });
     }
     fn source_finished(&mut self, task: TaskId) {
         self.events.push_back(SimEvent::Coord(Event::SourceFinished { generation: self.generation, task }));
@@ -346,7 +330,7 @@ impl Sim {
         }
         let mut generation = start.generation;
         let mut lease_end = start.lease_end;
-        let mut coordinator: Option<Coordinator<TaskStateHandle>> = None;
+        let mut coordinator: Option<Coordinator<AckReport>> = None;
         let faults = {
             let rng = self.rng.clone();
             let ppm = self.o.fault_point_ppm;
@@ -358,6 +342,7 @@ impl Sim {
                 }
             })
         };
+        let cfg = RunConfig { faults: faults.clone(), ..cfg };
         loop {
             // Deploy a generation.
             let (index, restored) = restore_latest(&cfg, &self.graph).map_err(|e| format!("restore: {e}"))?;
@@ -372,33 +357,14 @@ impl Sim {
                 Ok(d) => d,
                 Err(crate::message::TaskError::Injected(_)) => {
                     // A sink failed during recovery: a failover before the generation ran.
-                    generation = generation.next();
-                    self.store
-                        .write_meta(&JobMeta {
-                            job_fingerprint: FINGERPRINT.into(),
-                            generation,
-                            epoch_lease_end: lease_end,
-                        })
-                        .map_err(|e| e.to_string())?;
+                    generation =
+                        next_generation(&*self.store, FINGERPRINT, generation, lease_end).map_err(|e| e.to_string())?;
                     continue;
                 }
                 Err(e) => return Err(format!("deploy: {e}")),
             };
             drop(index);
-            let metas: Vec<(OperatorId, u32, u32, Option<KeyGroupRange>)> = deployed
-                .iter()
-                .map(|d| {
-                    let st = &self.graph.stages[d.stage];
-                    let keyed = st.inputs.first().is_some_and(|e| self.graph.edges[*e].kind == EdgeKind::Hash);
-                    (
-                        OperatorId::new(st.uid.clone()),
-                        d.subtask,
-                        st.parallelism,
-                        keyed
-                            .then(|| KeyGroupRange::for_subtask(self.graph.max_parallelism, st.parallelism, d.subtask)),
-                    )
-                })
-                .collect();
+            let metas = task_metas(&self.graph, &deployed);
             let ids: Vec<TaskId> = deployed.iter().map(|d| d.task.id).collect();
             let sources: Vec<TaskId> = deployed.iter().filter(|d| d.task.is_source()).map(|d| d.task.id).collect();
             let coord = match coordinator.as_mut() {
@@ -435,14 +401,8 @@ impl Sim {
                     for t in tasks.iter_mut().flatten() {
                         t.cancel();
                     }
-                    generation = generation.next();
-                    self.store
-                        .write_meta(&JobMeta {
-                            job_fingerprint: FINGERPRINT.into(),
-                            generation,
-                            epoch_lease_end: lease_end,
-                        })
-                        .map_err(|e| e.to_string())?;
+                    generation =
+                        next_generation(&*self.store, FINGERPRINT, generation, lease_end).map_err(|e| e.to_string())?;
                 }
             }
         }
@@ -556,19 +516,19 @@ fn diff(want: &[String], got: &[String]) -> String {
 #[allow(clippy::too_many_arguments)]
 fn run_generation_sim(
     sim: &mut Sim,
-    coord: &mut Coordinator<TaskStateHandle>,
+    coord: &mut Coordinator<AckReport>,
     tasks: &mut [Option<Task>],
-    metas: &[(OperatorId, u32, u32, Option<KeyGroupRange>)],
+    metas: &[TaskMeta],
     generation: Generation,
     lease_end: &mut CheckpointId,
     cfg: &RunConfig,
 ) -> Result<GenEnd, String> {
     let store = sim.store.clone();
     let mut controls: Vec<VecDeque<Control>> = tasks.iter().map(|_| VecDeque::new()).collect();
-    let mut writes: Vec<PendingWrite> = Vec::new();
+    let mut writes: Vec<SnapshotJob> = Vec::new();
     let mut events: VecDeque<SimEvent> = VecDeque::new();
-    let mut work: VecDeque<Decision<TaskStateHandle>> = VecDeque::new();
     let mut out = Vec::new();
+    let mut stats = CheckpointLog::default();
     loop {
         sim.report.steps += 1;
         if sim.report.steps > sim.o.max_steps {
@@ -629,32 +589,7 @@ fn run_generation_sim(
                 // Complete one pending snapshot write, in any order.
                 if !env.writes.is_empty() {
                     let w = env.writes.swap_remove(sim.rand(env.writes.len() as u64) as usize);
-                    let ev = match w.snap.encode().map_err(|e| e.to_string()).and_then(|payload| {
-                        store
-                            .write_task_state(
-                                w.barrier.checkpoint,
-                                &w.operator,
-                                SubtaskIndex(w.subtask),
-                                w.parallelism,
-                                w.key_groups,
-                                &payload,
-                            )
-                            .map_err(|e| e.to_string())
-                    }) {
-                        Ok(handle) => Event::Acked {
-                            generation: w.generation,
-                            checkpoint: w.barrier.checkpoint,
-                            task: w.task,
-                            report: handle,
-                        },
-                        Err(reason) => Event::Declined {
-                            generation: w.generation,
-                            checkpoint: w.barrier.checkpoint,
-                            task: w.task,
-                            reason,
-                        },
-                    };
-                    let _ = w.timings;
+                    let ev = write_snapshot(&*store, &cfg.faults, w, || 0);
                     env.events.push_back(SimEvent::Coord(ev));
                 }
             } else if choice < 80 {
@@ -684,78 +619,58 @@ fn run_generation_sim(
         // Feed events to the coordinator and carry out its decisions.
         while let Some(SimEvent::Coord(e)) = events.pop_front() {
             coord.handle(sim.now, e, &mut out);
-            work.extend(out.drain(..));
-            while let Some(d) = work.pop_front() {
-                match d {
-                    Decision::ExtendLease { lease_end: end } => {
-                        store
-                            .write_meta(&JobMeta {
-                                job_fingerprint: FINGERPRINT.into(),
-                                generation,
-                                epoch_lease_end: end,
-                            })
-                            .map_err(|e| e.to_string())?;
-                        *lease_end = end;
-                        coord.handle(sim.now, Event::LeaseExtended { lease_end: end }, &mut out);
-                    }
-                    Decision::Trigger { barrier } => {
-                        if let Some(l) = sim.last_triggered {
-                            assert!(
-                                barrier.checkpoint > l,
-                                "epoch {} triggered after {l}: reused or reordered",
-                                barrier.checkpoint
-                            );
-                        }
-                        sim.last_triggered = Some(barrier.checkpoint);
-                        for (i, t) in tasks.iter().enumerate() {
-                            if t.as_ref().is_some_and(|t| t.is_source()) {
-                                controls[i].push_back(Control::Trigger(barrier));
-                            }
-                        }
-                    }
-                    Decision::CommitManifest { checkpoint, kind, generation: g, reports } => {
-                        assert_eq!(g, generation);
-                        let handles: Vec<TaskStateHandle> = reports.into_iter().map(|(_, h)| h).collect();
-                        let m =
-                            Manifest::new(FINGERPRINT, checkpoint, g, sim.now.0, kind == SnapshotKind::Final, handles);
-                        match store.commit_manifest(&m) {
-                            Ok(()) => {
-                                sim.check_cut(checkpoint)?;
-                                coord.handle(sim.now, Event::ManifestCommitted { checkpoint }, &mut out);
-                            }
-                            Err(e) => coord.handle(
-                                sim.now,
-                                Event::ManifestFailed { checkpoint, reason: e.to_string() },
-                                &mut out,
-                            ),
-                        }
-                    }
-                    Decision::NotifyComplete { checkpoint } => {
-                        sim.report.checkpoints_completed += 1;
-                        for (i, t) in tasks.iter().enumerate() {
-                            if t.is_some() {
-                                controls[i].push_back(Control::Complete(checkpoint));
-                            }
-                        }
-                        store.gc(cfg.retain, &coord.pending()).map_err(|e| e.to_string())?;
-                    }
-                    Decision::Abort { checkpoint, .. } => {
-                        for (i, t) in tasks.iter().enumerate() {
-                            if t.is_some() {
-                                controls[i].push_back(Control::Abort(checkpoint));
-                            }
-                        }
-                        let _ = store.discard(checkpoint);
-                    }
-                    Decision::FailOver { .. } => return Ok(GenEnd::FailOver),
-                    Decision::JobFinished { checkpoint } => {
-                        store.mark_finished(checkpoint).map_err(|e| e.to_string())?;
-                        return Ok(GenEnd::Finished);
-                    }
-                }
-                work.extend(out.drain(..));
+            if out.is_empty() {
+                continue;
+            }
+            let mut plane = SimPlane { sim: &mut *sim, tasks: &*tasks, controls: &mut controls };
+            let mut ctx = DriverCtx {
+                store: &*store,
+                fingerprint: FINGERPRINT,
+                generation,
+                retain: cfg.retain,
+                lease_end: &mut *lease_end,
+                stats: &mut stats,
+                unix_ms: plane.now().0,
+            };
+            match carry_out(coord, std::mem::take(&mut out), &mut ctx, &mut plane).map_err(|e| e.to_string())? {
+                Carried::Continue => {}
+                Carried::FailOver(_) => return Ok(GenEnd::FailOver),
+                Carried::Finished(_) => return Ok(GenEnd::Finished),
             }
         }
+    }
+}
+
+/// The simulation's control plane: a FIFO queue of control messages per task, delivered by the
+/// scheduler; every epoch triggered is checked to be new, every committed checkpoint to be a cut.
+struct SimPlane<'a> {
+    sim: &'a mut Sim,
+    tasks: &'a [Option<Task>],
+    controls: &'a mut [VecDeque<Control>],
+}
+
+impl ControlPlane for SimPlane<'_> {
+    fn send_all(&mut self, c: Control, sources_only: bool) {
+        if let Control::Trigger(b) = &c {
+            if let Some(l) = self.sim.last_triggered {
+                assert!(b.checkpoint > l, "epoch {} triggered after {l}: reused or reordered", b.checkpoint);
+            }
+            self.sim.last_triggered = Some(b.checkpoint);
+        }
+        if let Control::Complete(_) = &c {
+            self.sim.report.checkpoints_completed += 1;
+        }
+        for (i, t) in self.tasks.iter().enumerate() {
+            if t.as_ref().is_some_and(|t| !sources_only || t.is_source()) {
+                self.controls[i].push_back(c.clone());
+            }
+        }
+    }
+    fn now(&self) -> TimeMs {
+        self.sim.now
+    }
+    fn committed(&mut self, checkpoint: CheckpointId) -> Result<(), RunError> {
+        self.sim.check_cut(checkpoint).map_err(|reason| RunError::Restore { checkpoint, reason })
     }
 }
 

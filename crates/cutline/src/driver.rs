@@ -1,0 +1,256 @@
+//! What the threaded runtime and the simulation share beyond the protocol cores: carrying out the
+//! coordinator's decisions ([`carry_out`]), writing a snapshot and turning the result into an ack or a
+//! decline ([`write_snapshot`]), per-task storage metadata, and per-checkpoint statistics.
+//!
+//! It does not schedule anything: the runtime calls it from its coordinator thread and writer threads,
+//! the simulation from its single seeded loop. Only the [`ControlPlane`] (how a control message reaches
+//! a task) differs between them.
+
+use crate::fault::{FaultPoint, Faults};
+use crate::graph::{DeployedTask, EdgeKind, JobGraph};
+use crate::message::Control;
+use crate::runtime::{AckReport, CheckpointSummary, RunError};
+use crate::state::SnapshotBuilder;
+use crate::task::SnapshotTimings;
+use cutline_core::barrier::{Barrier, SnapshotKind};
+use cutline_core::coordinator::{Coordinator, Decision, Event, Outcome};
+use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex, TaskId, TimeMs};
+use cutline_storage::{CheckpointStore, JobMeta, Manifest, StorageError, TaskStateHandle};
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+/// Where a task's state is filed in storage.
+#[derive(Clone, Debug)]
+pub(crate) struct TaskMeta {
+    pub operator: OperatorId,
+    pub subtask: u32,
+    pub parallelism: u32,
+    pub key_groups: Option<KeyGroupRange>,
+}
+
+/// Storage metadata of every deployed task, indexed by task id.
+pub(crate) fn task_metas(graph: &JobGraph, deployed: &[DeployedTask]) -> Vec<TaskMeta> {
+    deployed
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            assert_eq!(d.task.id.0 as usize, i, "task ids are dense and in deploy order");
+            let st = &graph.stages[d.stage];
+            let keyed = st.inputs.first().is_some_and(|e| graph.edges[*e].kind == EdgeKind::Hash);
+            TaskMeta {
+                operator: OperatorId::new(st.uid.clone()),
+                subtask: d.subtask,
+                parallelism: st.parallelism,
+                key_groups: keyed.then(|| KeyGroupRange::for_subtask(graph.max_parallelism, st.parallelism, d.subtask)),
+            }
+        })
+        .collect()
+}
+
+/// A task's captured state on its way to storage.
+pub(crate) struct SnapshotJob {
+    pub generation: Generation,
+    pub task: TaskId,
+    pub meta: TaskMeta,
+    pub barrier: Barrier,
+    pub snap: SnapshotBuilder,
+    pub timings: SnapshotTimings,
+}
+
+/// Encode and durably write one task's snapshot; the ack (or decline) for the coordinator.
+/// `persist_ms` is the time since the task captured the state, as the caller measured it.
+pub(crate) fn write_snapshot(
+    store: &dyn CheckpointStore,
+    faults: &Faults,
+    job: SnapshotJob,
+    since_capture: impl FnOnce() -> u64,
+) -> Event<AckReport> {
+    let (mut encode_us, mut write_us) = (0, 0);
+    let m = &job.meta;
+    let result = (|| -> Result<TaskStateHandle, String> {
+        faults.check(FaultPoint::SnapshotWrite).map_err(|e| e.to_string())?;
+        let t = Instant::now();
+        let payload = job.snap.encode()?;
+        encode_us = t.elapsed().as_micros() as u64;
+        let t = Instant::now();
+        let r = store
+            .write_task_state(
+                job.barrier.checkpoint,
+                &m.operator,
+                SubtaskIndex(m.subtask),
+                m.parallelism,
+                m.key_groups,
+                &payload,
+            )
+            .map_err(|e| e.to_string());
+        write_us = t.elapsed().as_micros() as u64;
+        r
+    })();
+    match result {
+        Ok(handle) => Event::Acked {
+            generation: job.generation,
+            checkpoint: job.barrier.checkpoint,
+            task: job.task,
+            report: AckReport { handle, timings: job.timings, persist_ms: since_capture(), encode_us, write_us },
+        },
+        Err(reason) => {
+            Event::Declined { generation: job.generation, checkpoint: job.barrier.checkpoint, task: job.task, reason }
+        }
+    }
+}
+
+/// How decisions reach the tasks of the current generation.
+pub(crate) trait ControlPlane {
+    /// Deliver `c` to every live task, or to every live source task.
+    fn send_all(&mut self, c: Control, sources_only: bool);
+    fn now(&self) -> TimeMs;
+    /// The manifest of `checkpoint` is durable (the simulation reads it back and checks the cut).
+    fn committed(&mut self, _checkpoint: CheckpointId) -> Result<(), RunError> {
+        Ok(())
+    }
+    fn log(&self, _msg: &dyn Fn() -> String) {}
+}
+
+/// What a generation's decisions came to.
+pub(crate) enum Carried {
+    Continue,
+    FailOver(String),
+    Finished(CheckpointId),
+}
+
+/// Everything `carry_out` needs besides the coordinator and the control plane.
+pub(crate) struct DriverCtx<'a> {
+    pub store: &'a dyn CheckpointStore,
+    pub fingerprint: &'a str,
+    pub generation: Generation,
+    pub retain: usize,
+    pub lease_end: &'a mut CheckpointId,
+    pub stats: &'a mut CheckpointLog,
+    pub unix_ms: u64,
+}
+
+/// Statistics of the checkpoints of a run, assembled from acks and the coordinator's history.
+#[derive(Default)]
+pub(crate) struct CheckpointLog {
+    pending: HashMap<CheckpointId, CheckpointSummary>,
+    pub done: Vec<CheckpointSummary>,
+    pub task_names: Vec<String>,
+}
+
+/// Feed `first` decisions (and every decision they lead to) through the runtime side effects, in order.
+pub(crate) fn carry_out(
+    coord: &mut Coordinator<AckReport>,
+    first: Vec<Decision<AckReport>>,
+    ctx: &mut DriverCtx<'_>,
+    plane: &mut dyn ControlPlane,
+) -> Result<Carried, RunError> {
+    let mut work: VecDeque<Decision<AckReport>> = first.into();
+    let mut out = Vec::new();
+    while let Some(d) = work.pop_front() {
+        match d {
+            Decision::ExtendLease { lease_end } => {
+                ctx.store.write_meta(&JobMeta {
+                    job_fingerprint: ctx.fingerprint.to_string(),
+                    generation: ctx.generation,
+                    epoch_lease_end: lease_end,
+                })?;
+                *ctx.lease_end = lease_end;
+                coord.handle(plane.now(), Event::LeaseExtended { lease_end }, &mut out);
+            }
+            Decision::Trigger { barrier } => plane.send_all(Control::Trigger(barrier), true),
+            Decision::CommitManifest { checkpoint, kind, generation, reports } => {
+                assert_eq!(generation, ctx.generation, "manifest of another generation");
+                let max = |f: &dyn Fn(&AckReport) -> u64| reports.iter().map(|(_, r)| f(r)).max().unwrap_or(0);
+                let summary = CheckpointSummary {
+                    checkpoint,
+                    is_final: kind == SnapshotKind::Final,
+                    alignment_ms: max(&|r| r.timings.alignment_ms),
+                    start_delay_ms: max(&|r| r.timings.start_delay_ms),
+                    persist_ms: max(&|r| r.persist_ms),
+                    encode_us: max(&|r| r.encode_us),
+                    write_us: max(&|r| r.write_us),
+                    ..Default::default()
+                };
+                let mut tasks: Vec<TaskStateHandle> = reports.into_iter().map(|(_, r)| r.handle).collect();
+                tasks.sort_by(|a, b| (&a.operator, a.subtask).cmp(&(&b.operator, b.subtask)));
+                let manifest = Manifest::new(
+                    ctx.fingerprint,
+                    checkpoint,
+                    generation,
+                    ctx.unix_ms,
+                    kind == SnapshotKind::Final,
+                    tasks,
+                );
+                let bytes = manifest.total_size_bytes();
+                match ctx.store.commit_manifest(&manifest) {
+                    Ok(()) => {
+                        ctx.stats.pending.insert(checkpoint, CheckpointSummary { bytes, ..summary });
+                        plane.committed(checkpoint)?;
+                        coord.handle(plane.now(), Event::ManifestCommitted { checkpoint }, &mut out);
+                    }
+                    Err(e) => {
+                        coord.handle(plane.now(), Event::ManifestFailed { checkpoint, reason: e.to_string() }, &mut out)
+                    }
+                }
+            }
+            Decision::NotifyComplete { checkpoint } => {
+                let stats = &mut *ctx.stats;
+                if let Some(s) =
+                    coord.history().filter(|s| s.checkpoint == checkpoint && s.outcome == Outcome::Completed).last()
+                {
+                    let mut sum = stats.pending.remove(&checkpoint).unwrap_or_default();
+                    sum.duration_ms = s.duration_ms();
+                    sum.slowest_task =
+                        s.slowest_task.and_then(|t| stats.task_names.get(t.0 as usize).cloned()).unwrap_or_default();
+                    plane.log(&|| {
+                        format!(
+                            "checkpoint {} complete in {} ms: {} bytes, alignment {} ms, start delay {} ms, persist {} ms (encode {} us, write {} us), last ack from {}",
+                            sum.checkpoint, sum.duration_ms, sum.bytes, sum.alignment_ms, sum.start_delay_ms, sum.persist_ms, sum.encode_us, sum.write_us, sum.slowest_task
+                        )
+                    });
+                    stats.done.push(sum);
+                }
+                plane.send_all(Control::Complete(checkpoint), false);
+                ctx.store.gc(ctx.retain, &coord.pending())?;
+            }
+            Decision::Abort { checkpoint, reason } => {
+                plane.log(&|| format!("checkpoint {checkpoint} aborted: {reason:?}"));
+                ctx.stats.pending.remove(&checkpoint);
+                plane.send_all(Control::Abort(checkpoint), false);
+                discard(ctx.store, checkpoint, plane);
+            }
+            Decision::FailOver { reason } => return Ok(Carried::FailOver(reason)),
+            Decision::JobFinished { checkpoint } => {
+                ctx.store.mark_finished(checkpoint)?;
+                return Ok(Carried::Finished(checkpoint));
+            }
+        }
+        work.extend(out.drain(..));
+    }
+    Ok(Carried::Continue)
+}
+
+/// Remove the artifacts of an aborted checkpoint; storage refuses if its manifest did land, and
+/// retention removes what a failed discard leaves.
+pub(crate) fn discard(store: &dyn CheckpointStore, checkpoint: CheckpointId, plane: &dyn ControlPlane) {
+    match store.discard(checkpoint) {
+        Ok(()) | Err(StorageError::DiscardComplete(_)) => {}
+        Err(e) => plane.log(&|| format!("could not discard {checkpoint}: {e} (retention will)")),
+    }
+}
+
+/// Start the next generation: durably record it (with the current lease) before deploying it.
+pub(crate) fn next_generation(
+    store: &dyn CheckpointStore,
+    fingerprint: &str,
+    generation: Generation,
+    lease_end: CheckpointId,
+) -> Result<Generation, RunError> {
+    let next = generation.next();
+    store.write_meta(&JobMeta {
+        job_fingerprint: fingerprint.to_string(),
+        generation: next,
+        epoch_lease_end: lease_end,
+    })?;
+    Ok(next)
+}
