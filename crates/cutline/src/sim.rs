@@ -93,8 +93,8 @@ impl Default for SimOptions {
             max_concurrent: 1,
             task_crash_ppm: 1_500,
             process_crash_ppm: 500,
-            fault_point_ppm: 4_000,
-            storage_fail_ppm: 40_000,
+            fault_point_ppm: 1_500,
+            storage_fail_ppm: 20_000,
             max_steps: 400_000,
         }
     }
@@ -108,6 +108,8 @@ pub struct SimReport {
     pub failovers: u64,
     pub process_crashes: u64,
     pub cuts_checked: u64,
+    /// Snapshot writes of an older generation that completed after a failover.
+    pub late_writes: u64,
 }
 
 const FINGERPRINT: &str = "sim-job";
@@ -241,6 +243,9 @@ struct Sim {
     report: SimReport,
     /// Every epoch ever triggered, across failovers and process crashes.
     last_triggered: Option<CheckpointId>,
+    /// Snapshot writes not yet done. They survive a failover (so late acks of an older generation
+    /// reach the coordinator and late files land in storage after an abort), not a process crash.
+    writes: Vec<SnapshotJob>,
 }
 
 impl Sim {
@@ -258,7 +263,18 @@ impl Sim {
         }));
         let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
         let graph = sim_job(&o, out.clone());
-        Sim { seed, o, rng, store, out, graph, now: TimeMs(0), report: SimReport::default(), last_triggered: None }
+        Sim {
+            seed,
+            o,
+            rng,
+            store,
+            out,
+            graph,
+            now: TimeMs(0),
+            report: SimReport::default(),
+            last_triggered: None,
+            writes: Vec::new(),
+        }
     }
 
     fn rand(&self, n: u64) -> u64 {
@@ -291,6 +307,7 @@ impl Sim {
                 Life::Finished => break,
                 Life::Crashed => {
                     self.report.process_crashes += 1;
+                    self.writes.clear(); // they died with the process
                 }
             }
         }
@@ -525,7 +542,7 @@ fn run_generation_sim(
 ) -> Result<GenEnd, String> {
     let store = sim.store.clone();
     let mut controls: Vec<VecDeque<Control>> = tasks.iter().map(|_| VecDeque::new()).collect();
-    let mut writes: Vec<SnapshotJob> = Vec::new();
+    let mut writes = std::mem::take(&mut sim.writes);
     let mut events: VecDeque<SimEvent> = VecDeque::new();
     let mut out = Vec::new();
     let mut stats = CheckpointLog::default();
@@ -589,6 +606,9 @@ fn run_generation_sim(
                 // Complete one pending snapshot write, in any order.
                 if !env.writes.is_empty() {
                     let w = env.writes.swap_remove(sim.rand(env.writes.len() as u64) as usize);
+                    if w.generation != generation {
+                        sim.report.late_writes += 1;
+                    }
                     let ev = write_snapshot(&*store, &cfg.faults, w, || 0);
                     env.events.push_back(SimEvent::Coord(ev));
                 }
@@ -634,7 +654,10 @@ fn run_generation_sim(
             };
             match carry_out(coord, std::mem::take(&mut out), &mut ctx, &mut plane).map_err(|e| e.to_string())? {
                 Carried::Continue => {}
-                Carried::FailOver(_) => return Ok(GenEnd::FailOver),
+                Carried::FailOver(_) => {
+                    sim.writes = writes;
+                    return Ok(GenEnd::FailOver);
+                }
                 Carried::Finished(_) => return Ok(GenEnd::Finished),
             }
         }

@@ -5,27 +5,32 @@
 use cutline::sim::{run_seed, SimOptions};
 use cutline::CheckpointMode;
 
-/// Seeds per scenario: CI runs 3000; `SIM_SEEDS=n` runs more (or fewer), `SIM_SEED=s` runs only seed s.
+/// Seeds per scenario: CI runs 10 000; `SIM_SEEDS=n` runs more (or fewer), `SIM_SEED=s` runs only seed s.
 fn seeds() -> std::ops::Range<u64> {
     let var = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<u64>().ok());
     match var("SIM_SEED") {
         Some(s) => s..s + 1,
-        None => 0..var("SIM_SEEDS").unwrap_or(3000),
+        None => 0..var("SIM_SEEDS").unwrap_or(10_000),
     }
 }
 
 fn run_all(name: &str, o: SimOptions) {
-    let range = seeds();
+    run_seeds(name, o, seeds())
+}
+
+fn run_seeds(name: &str, o: SimOptions, range: std::ops::Range<u64>) {
     let n = range.end - range.start;
     let mut failovers = 0;
     let mut crashes = 0;
     let mut cuts = 0;
+    let mut late = 0;
     for seed in range {
         match run_seed(seed, &o) {
             Ok(r) => {
                 failovers += r.failovers;
                 crashes += r.process_crashes;
                 cuts += r.cuts_checked;
+                late += r.late_writes;
             }
             Err(e) => {
                 panic!("{name}: seed {seed} failed: {e}\nreplay: cutline drill --seed {seed} --sim-seeds 1 --runs 0")
@@ -33,11 +38,11 @@ fn run_all(name: &str, o: SimOptions) {
         }
     }
     eprintln!(
-        "{name}: {n} seeds passed; {failovers} failovers, {crashes} process crashes, {cuts} consistent cuts checked"
+        "{name}: {n} seeds passed; {failovers} failovers, {crashes} process crashes, {cuts} consistent cuts checked, {late} late writes of older generations"
     );
     // The scenario must really exercise recovery, or it proves nothing.
     if n >= 100 {
-        assert!(failovers > n / 4 && crashes > n / 10 && cuts > n, "{name}: too few failures exercised");
+        assert!(failovers > n / 4 && crashes > n / 10 && cuts > n && late > 0, "{name}: too few failures exercised");
     }
 }
 
@@ -54,4 +59,16 @@ fn at_least_once_output_contains_the_failure_free_run() {
 #[test]
 fn exactly_once_with_two_concurrent_checkpoints() {
     run_all("exactly-once, 2 concurrent", SimOptions { max_concurrent: 2, ..Default::default() });
+}
+
+#[test]
+fn exactly_once_under_a_failure_storm() {
+    // Slow per seed (dozens of failovers each): a fifth of the seeds.
+    let r = seeds();
+    let r = r.start..r.start + (r.end - r.start).div_ceil(5);
+    run_seeds(
+        "exactly-once, failure storm",
+        SimOptions { fault_point_ppm: 4_000, storage_fail_ppm: 40_000, task_crash_ppm: 3_000, ..Default::default() },
+        r,
+    );
 }
