@@ -140,3 +140,50 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// One failure at the n-th passage through one fault point, then restore: the table of every protocol
+/// step a task goes through. Each row must end with the failure-free output.
+#[test]
+fn one_failure_at_every_protocol_step_then_restore_gives_exact_output() {
+    let points = [
+        FaultPoint::ProcessBatch,
+        FaultPoint::Snapshot,
+        FaultPoint::SnapshotWrite,
+        FaultPoint::SinkPrepare,
+        FaultPoint::SinkCommit,
+        FaultPoint::SinkCommitMidway,
+        FaultPoint::SinkRecover,
+    ];
+    for point in points {
+        for nth in [1u64, 2, 5] {
+            let dir = tempfile::tempdir().unwrap();
+            let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+            let graph = counting_job("counts", 2, out.clone());
+            let mut cfg = config(dir.path());
+            let count = Arc::new(AtomicU64::new(0));
+            let fired = Arc::new(AtomicU64::new(0));
+            let (c2, f2) = (count.clone(), fired.clone());
+            cfg.faults = Faults::new(move |p| {
+                let hit = p == point && c2.fetch_add(1, Ordering::SeqCst) + 1 == nth;
+                if hit {
+                    f2.fetch_add(1, Ordering::SeqCst);
+                }
+                hit
+            });
+            cfg.restart = RestartStrategy::FixedDelay { delay_ms: 1, max_attempts: 3 };
+            let report = cutline::run(&graph, cfg).unwrap_or_else(|e| panic!("failure at {point:?} #{nth}: {e}"));
+            assert_eq!(committed(&out), expected(), "failure at {point:?} #{nth}: output differs");
+            let fired = fired.load(Ordering::SeqCst);
+            // SinkRecover runs once per sink task and deploy, so a high `nth` may never be reached; every
+            // other point is passed many times.
+            if fired == 1 && point == FaultPoint::SnapshotWrite {
+                // A failed state write declines the checkpoint: it is aborted, the job keeps running.
+                assert_eq!((report.restarts, report.checkpoints_failed), (0, 1), "failure at {point:?} #{nth}");
+            } else if fired == 1 {
+                assert_eq!(report.restarts, 1, "failure at {point:?} #{nth}: one failure, one restart");
+            } else {
+                assert_eq!(point, FaultPoint::SinkRecover, "failure at {point:?} #{nth} never fired");
+            }
+        }
+    }
+}
