@@ -168,7 +168,8 @@ impl<T> TransactionalFileSink<T> {
 
     fn prefix(&self) -> String {
         let c = self.ctx.as_ref().expect("opened");
-        format!("{}-{}-", c.uid, c.subtask)
+        // '@' cannot occur in a uid, so no sink's prefix is a prefix of another sink's names.
+        format!("{}@{}@", c.uid, c.subtask)
     }
 }
 
@@ -372,7 +373,8 @@ impl MemoryTxnSink {
     }
     fn prefix(&self) -> String {
         let c = self.ctx.as_ref().expect("opened");
-        format!("{}-{}-", c.uid, c.subtask)
+        // '@' cannot occur in a uid, so no sink's prefix is a prefix of another sink's names.
+        format!("{}@{}@", c.uid, c.subtask)
     }
 }
 
@@ -422,5 +424,70 @@ impl<T: std::fmt::Display + Send + 'static> Sink<T> for MemoryTxnSink {
     }
     fn abort(&mut self) {
         self.open.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(uid: &str, subtask: u32, incarnation: u64) -> SinkContext {
+        SinkContext { uid: uid.into(), subtask, parallelism: 2, incarnation }
+    }
+
+    fn line_sink(dir: &Path) -> TransactionalFileSink<String> {
+        TransactionalFileSink::new(dir, |s: &String, buf: &mut Vec<u8>| buf.extend_from_slice(s.as_bytes()))
+    }
+
+    #[test]
+    fn recover_of_one_sink_never_discards_another_sinks_pending_files_regression_prefix_collision() {
+        // Sink "out" subtask 1 and sink "out-1" subtask 0 share a directory; with names "uid-subtask-..."
+        // the first one's recovery took the second one's pending file for its own and deleted it.
+        let dir = tempfile::tempdir().unwrap();
+        let mut other = line_sink(dir.path());
+        other.open(&ctx("out-1", 0, 7)).unwrap();
+        other.write("kept".into()).unwrap();
+        let prepared = other.prepare(CheckpointId(3)).unwrap().expect("a transaction");
+        let mut sink = line_sink(dir.path());
+        sink.open(&ctx("out", 1, 9)).unwrap();
+        sink.recover(&[]).unwrap();
+        other.commit(&[prepared]).unwrap();
+        let committed = std::fs::read_to_string(dir.path().join("part-out-1-0-000000000003")).unwrap();
+        assert_eq!(committed, "kept\n");
+    }
+
+    #[test]
+    fn commit_is_idempotent_and_recover_discards_newer_pending_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = line_sink(dir.path());
+        s.open(&ctx("out", 0, 1)).unwrap();
+        s.write("a".into()).unwrap();
+        let c1 = s.prepare(CheckpointId(1)).unwrap().unwrap();
+        s.write("b".into()).unwrap();
+        let _c2 = s.prepare(CheckpointId(2)).unwrap().unwrap();
+        s.write("c".into()).unwrap(); // open, never prepared
+        s.commit(std::slice::from_ref(&c1)).unwrap();
+        s.commit(std::slice::from_ref(&c1)).unwrap(); // again: a no-op
+                                                      // A new incarnation restores checkpoint 1: c1 is committed already, c2 and the open file go.
+        let mut r = line_sink(dir.path());
+        r.open(&ctx("out", 0, 2)).unwrap();
+        r.recover(std::slice::from_ref(&c1)).unwrap();
+        let pending: Vec<_> = std::fs::read_dir(dir.path().join(PENDING_DIR)).unwrap().collect();
+        assert!(pending.is_empty(), "newer transactions must be discarded: {pending:?}");
+        let parts: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("part-"))
+            .collect();
+        assert_eq!(parts, vec!["part-out-0-000000000001".to_string()]);
+    }
+
+    #[test]
+    fn committing_a_transaction_whose_file_is_gone_is_an_error_not_silent_loss() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = line_sink(dir.path());
+        s.open(&ctx("out", 0, 1)).unwrap();
+        let ghost = PendingFile { pending: "out@0@1-0.pending".into(), final_name: "part-out-0-000000000001".into() };
+        assert!(s.commit(&[ghost]).is_err());
     }
 }
