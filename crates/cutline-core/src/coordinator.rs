@@ -208,6 +208,7 @@ pub struct Coordinator<R> {
 impl<R: Clone> Coordinator<R> {
     /// A coordinator for a freshly deployed generation. `first_id` is above every epoch ever issued for
     /// this job; `lease_end` is the durable lease (ids `< lease_end` may be issued).
+    #[allow(clippy::too_many_arguments)] // each is a distinct protocol quantity; a struct would only rename them
     pub fn new(
         config: CheckpointConfig,
         generation: Generation,

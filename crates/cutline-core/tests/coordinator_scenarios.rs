@@ -165,6 +165,7 @@ impl Scenario {
         Generation(self.sender_gen.take().unwrap_or(self.gen))
     }
     /// The next event comes from generation `gen` (a late message of an older incarnation).
+    #[allow(clippy::wrong_self_convention)] // reads as prose: "from gen 1"
     fn from_gen(&mut self, gen: u64) -> &mut Self {
         self.sender_gen = Some(gen);
         self

@@ -274,7 +274,7 @@ impl<T: Send + 'static> Stream<T> {
 
     /// Zero or more records per record: `f` pushes them into the vector it is given.
     pub fn flat_map<U: Send + 'static>(self, f: impl Fn(T, &mut Vec<U>) + Send + Sync + 'static) -> Stream<U> {
-        let f: Arc<dyn Fn(T, &mut Vec<U>) + Send + Sync> = Arc::new(f);
+        let f: crate::emit::FlatMapFn<T, U> = Arc::new(f);
         self.map_parts(move |next| Box::new(FlatMapEmit { f: f.clone(), buf: Vec::new(), next }))
     }
 

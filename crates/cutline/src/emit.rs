@@ -89,8 +89,11 @@ impl<T: Send> Emit<T> for FilterEmit<T> {
     delegate_control!();
 }
 
+/// A flat-map function: pushes zero or more outputs for one input.
+pub(crate) type FlatMapFn<T, U> = Arc<dyn Fn(T, &mut Vec<U>) + Send + Sync>;
+
 pub(crate) struct FlatMapEmit<T, U> {
-    pub f: Arc<dyn Fn(T, &mut Vec<U>) + Send + Sync>,
+    pub f: FlatMapFn<T, U>,
     pub buf: Vec<U>,
     pub next: Box<dyn Emit<U>>,
 }

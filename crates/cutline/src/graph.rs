@@ -74,10 +74,10 @@ pub(crate) fn channel_factory<T: Send + 'static>() -> ChannelFactory {
             }
         } else {
             // Channel (u, d): senders of u ordered by d, receivers of d ordered by u.
-            for u in 0..up as usize {
+            for tx in senders.iter_mut() {
                 for rx in receivers.iter_mut() {
                     let (s, r) = make();
-                    senders[u].push(s);
+                    tx.push(s);
                     rx.push(r);
                 }
             }

@@ -131,9 +131,12 @@ impl<T: Send + 'static, S: Sink<T>> Emit<T> for SinkEmit<T, S> {
 /// Writes one line per record into files in a directory, exactly once: records go to a pending file in
 /// `DIR/.pending/`, which is fsynced at the barrier and renamed to `DIR/part-<uid>-<subtask>-<checkpoint>`
 /// when the checkpoint completes. Readers of `DIR` see only committed files.
+/// Appends one record's bytes to a buffer.
+type FormatFn<T> = Arc<dyn Fn(&T, &mut Vec<u8>) + Send + Sync>;
+
 pub struct TransactionalFileSink<T> {
     dir: PathBuf,
-    format: Arc<dyn Fn(&T, &mut Vec<u8>) + Send + Sync>,
+    format: FormatFn<T>,
     ctx: Option<SinkContext>,
     open: Option<(String, BufWriter<File>)>,
     seq: u64,
