@@ -236,7 +236,7 @@ fn list_checkpoints(state: &Path) -> Result<()> {
     if let Some(f) = store.finished()? {
         println!("finished with checkpoint {}", f.0);
     }
-    println!("{:>8}  {:<24}  {:>12}  {:>5}  {:<6}  verified", "id", "time (unix ms)", "bytes", "tasks", "final");
+    println!("{:>8}  {:<24}  {:>12}  {:>5}  {:<6}  verified", "id", "time (UTC)", "bytes", "tasks", "final");
     let mut bad = 0;
     for l in store.list_checkpoints()? {
         if !l.complete {
@@ -246,7 +246,7 @@ fn list_checkpoints(state: &Path) -> Result<()> {
             Ok(m) => println!(
                 "{:>8}  {:<24}  {:>12}  {:>5}  {:<6}  ok",
                 l.id.0,
-                m.created_at_unix_ms,
+                utc(m.created_at_unix_ms),
                 m.total_size_bytes(),
                 m.tasks.len(),
                 if m.is_final { "yes" } else { "no" }
@@ -261,6 +261,33 @@ fn list_checkpoints(state: &Path) -> Result<()> {
         bail!("{bad} checkpoint(s) failed verification");
     }
     Ok(())
+}
+
+/// `2026-11-29T19:45:33.123Z` from milliseconds since the Unix epoch (proleptic Gregorian, UTC).
+fn utc(unix_ms: u64) -> String {
+    let (secs, ms) = (unix_ms / 1000, unix_ms % 1000);
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_formats_known_instants() {
+        assert_eq!(super::utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(super::utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(super::utc(1_795_980_486_035), "2026-11-29T19:28:06.035Z");
+    }
 }
 
 /// The text the demo counts.
