@@ -100,6 +100,22 @@ impl StorageError {
         }
     }
 
+    /// Whether the stored data itself is damaged (bad frame, checksum, size, decoding, or a file a
+    /// manifest references is missing): reading it again will not help, an older checkpoint might.
+    pub fn is_corruption(&self) -> bool {
+        matches!(
+            self,
+            StorageError::BadMagic { .. }
+                | StorageError::WrongKind { .. }
+                | StorageError::Truncated { .. }
+                | StorageError::ChecksumMismatch { .. }
+                | StorageError::SizeMismatch { .. }
+                | StorageError::Decode { .. }
+                | StorageError::InvalidPath(_)
+                | StorageError::NotFound { .. }
+        )
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Self {
         StorageError::Io { path: path.into(), op, source }
     }

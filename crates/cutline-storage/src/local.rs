@@ -39,6 +39,16 @@ impl LocalDirStore {
         Ok(LocalDirStore { root })
     }
 
+    /// Open an existing store for reading (listing, verifying) without creating or writing anything.
+    pub fn open_existing(root: impl AsRef<Path>) -> Result<LocalDirStore, StorageError> {
+        let root = root.as_ref().to_path_buf();
+        match fs::metadata(&root) {
+            Ok(meta) if meta.is_dir() => Ok(LocalDirStore { root }),
+            Ok(_) => Err(StorageError::InvalidRoot { path: root, reason: "it is not a directory".into() }),
+            Err(e) => Err(StorageError::InvalidRoot { path: root, reason: format!("cannot open it ({e})") }),
+        }
+    }
+
     fn full(&self, rel: &str) -> PathBuf {
         if rel.is_empty() {
             self.root.clone()

@@ -17,8 +17,9 @@ use crate::state::{RestoreIndex, SnapshotBuilder};
 use crate::task::{SnapshotTimings, SourcePhase, Task, TaskEnv};
 use crossbeam_channel::{Receiver, Select, Sender};
 use cutline_core::barrier::Barrier;
+use cutline_core::barrier::CheckpointMode;
 use cutline_core::coordinator::{CheckpointConfig, Coordinator, Decision, Event, EPOCH_LEASE_BLOCK};
-use cutline_core::restart::{RestartDecision, RestartStrategy, RestartTracker};
+use cutline_core::restart::{choose_restore, Candidate, RestartDecision, RestartStrategy, RestartTracker};
 use cutline_core::{CheckpointId, Generation, TaskId, TimeMs};
 use cutline_storage::{CheckpointStore, JobMeta, Manifest, StorageError, TaskStateHandle};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -243,17 +244,32 @@ pub(crate) fn restore_latest(
     cfg: &RunConfig,
     graph: &JobGraph,
 ) -> Result<(RestoreIndex, Option<CheckpointId>), RunError> {
+    // Verify from the newest down and stop at the first that verifies; only damaged data falls back.
     let listing = cfg.store.list_checkpoints()?;
+    let mut candidates = Vec::new();
+    let mut loaded = None;
     for l in listing.iter().rev().filter(|l| l.complete) {
         match load_checkpoint(&*cfg.store, graph, &cfg.job_fingerprint, l.id) {
-            Ok((index, _)) => return Ok((index, Some(l.id))),
-            Err(RunError::Storage(e)) => {
-                eprintln!("cutline: WARNING: checkpoint {} does not verify ({e}); falling back to an older one", l.id);
+            Ok((index, _)) => {
+                candidates.push(Candidate { checkpoint: l.id, verified: Ok(()) });
+                loaded = Some(index);
+                break;
+            }
+            Err(RunError::Storage(e)) if e.is_corruption() => {
+                candidates.push(Candidate { checkpoint: l.id, verified: Err(e.to_string()) })
             }
             Err(e) => return Err(e),
         }
     }
-    Ok((RestoreIndex::default(), None))
+    let choice = choose_restore(candidates);
+    for (id, reason) in &choice.skipped {
+        eprintln!("cutline: WARNING: checkpoint {id} does not verify ({reason}); falling back to an older one");
+    }
+    let mut index = loaded.unwrap_or_default();
+    assert_eq!(index.checkpoint, choice.checkpoint);
+    index.skipped = choice.skipped.iter().map(|(id, _)| *id).collect();
+    index.duplicates_allowed = cfg.checkpoint.mode == CheckpointMode::AtLeastOnce;
+    Ok((index, choice.checkpoint))
 }
 
 pub(crate) struct StartInfo {
@@ -270,7 +286,7 @@ pub(crate) enum Start {
 /// What every process start does before deploying: check the store belongs to this job, stop if the job
 /// already finished, start a new generation and a new epoch lease above everything issued before, and
 /// clear partial attempts of the previous process.
-pub(crate) fn prepare_start(store: &dyn CheckpointStore, fingerprint: &str, retain: usize) -> Result<Start, RunError> {
+pub(crate) fn prepare_start(store: &dyn CheckpointStore, fingerprint: &str) -> Result<Start, RunError> {
     let meta = store.read_meta()?;
     if let Some(m) = &meta {
         if m.job_fingerprint != fingerprint {
@@ -290,8 +306,9 @@ pub(crate) fn prepare_start(store: &dyn CheckpointStore, fingerprint: &str, reta
     let generation = meta.as_ref().map(|m| m.generation).unwrap_or_default().next();
     let lease_end = CheckpointId(first.0 + EPOCH_LEASE_BLOCK);
     store.write_meta(&JobMeta { job_fingerprint: fingerprint.to_string(), generation, epoch_lease_end: lease_end })?;
-    // Partial attempts of a previous process are garbage now.
-    store.gc(retain, &[])?;
+    // Partial attempts of a previous process are garbage now. Complete checkpoints all stay until this
+    // run completes one: the newest may not verify, and then an older one is the way back.
+    store.gc(usize::MAX, &[])?;
     Ok(Start::Run(StartInfo { first, generation, lease_end }))
 }
 
@@ -301,7 +318,7 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
     cfg.validate()?;
     let started = Instant::now();
     let store = cfg.store.clone();
-    let start = match prepare_start(&*store, &cfg.job_fingerprint, cfg.retain)? {
+    let start = match prepare_start(&*store, &cfg.job_fingerprint)? {
         Start::AlreadyFinished(c) => {
             log(&cfg, || format!("job already finished with checkpoint {c}; nothing to do"));
             return Ok(JobReport { already_finished: true, final_checkpoint: Some(c), ..Default::default() });
@@ -331,7 +348,9 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
             batch_size: cfg.batch_size,
             channel_capacity: Some(cfg.channel_capacity),
         };
-        let deployed = match graph.deploy(&opts) {
+        let deployed = match catch_unwind(AssertUnwindSafe(|| graph.deploy(&opts))).unwrap_or_else(|p| {
+            Err(TaskError::State { uid: "(deploy)".into(), message: format!("panicked: {}", panic_message(&*p)) })
+        }) {
             Ok(d) => d,
             // State that cannot be restored into this job will not get better by retrying.
             Err(e @ TaskError::State { .. }) => return Err(RunError::Deploy(e)),
@@ -436,14 +455,15 @@ fn run_generation(
     let (ev_tx, ev_rx) = crossbeam_channel::unbounded::<RtEvent>();
     let (wr_tx, wr_rx) = crossbeam_channel::bounded::<(SnapshotJob, Instant)>(SNAPSHOT_QUEUE_CAPACITY);
     let metas: Arc<Vec<TaskMeta>> = Arc::new(task_metas(graph, &deployed));
+    // Whatever way this function is left (outcome, error, panic), the guard stops and joins every thread.
+    let mut threads = GenerationThreads::default();
     // Snapshot writers.
-    let mut writers = Vec::new();
     for w in 0..cfg.snapshot_writers {
         let rx = wr_rx.clone();
         let ev = ev_tx.clone();
         let store = store.clone();
         let faults = cfg.faults.clone();
-        writers.push(
+        threads.writers.push(
             std::thread::Builder::new()
                 .name(format!("cutline-writer-{w}"))
                 .spawn(move || writer_loop(rx, ev, store, faults))
@@ -453,12 +473,10 @@ fn run_generation(
     drop(wr_rx);
     stats.task_names = deployed.iter().map(|d| d.task.name.clone()).collect();
     // Tasks.
-    let mut controls: Vec<Sender<Control>> = Vec::new();
-    let mut handles: Vec<JoinHandle<()>> = Vec::new();
     let mut source_ids = Vec::new();
     for d in deployed {
         let (c_tx, c_rx) = crossbeam_channel::unbounded::<Control>();
-        controls.push(c_tx);
+        threads.controls.push(c_tx);
         if d.task.is_source() {
             source_ids.push(d.task.id);
         }
@@ -466,14 +484,14 @@ fn run_generation(
             RtEnv { start: started, generation, writer: wr_tx.clone(), events: ev_tx.clone(), metas: metas.clone() };
         let name = d.task.name.clone();
         let task = d.task;
-        handles.push(
+        threads.tasks.push(
             std::thread::Builder::new().name(name).spawn(move || task_thread(task, c_rx, env)).expect("spawn task"),
         );
     }
     drop(wr_tx);
     drop(ev_tx);
 
-    let mut plane = ThreadPlane { controls: &controls, sources: &source_ids, started, cfg };
+    let mut plane = ThreadPlane { controls: &threads.controls, sources: &source_ids, started, cfg };
     let mut ctx = DriverCtx {
         store: &*store,
         fingerprint: &cfg.job_fingerprint,
@@ -509,19 +527,35 @@ fn run_generation(
             Carried::Finished(c) => break GenerationOutcome::Finished(c),
         }
     };
-    // Tear down: every task stops; writers drain and stop; late acks of this generation are dropped.
-    for c in &controls {
-        let _ = c.send(Control::Cancel);
-    }
-    drop(controls);
+    drop(plane);
+    drop(threads); // tear down before the next generation starts
     drop(ev_rx);
-    for h in handles {
-        let _ = h.join();
-    }
-    for w in writers {
-        let _ = w.join();
-    }
     Ok(outcome)
+}
+
+/// The threads of one generation. Dropping it tears the generation down: every task is told to stop
+/// (a task blocked sending wakes when its downstream task exits), then tasks and writers are joined;
+/// writers stop once every task (and so every sender of snapshots) is gone.
+#[derive(Default)]
+struct GenerationThreads {
+    controls: Vec<Sender<Control>>,
+    tasks: Vec<JoinHandle<()>>,
+    writers: Vec<JoinHandle<()>>,
+}
+
+impl Drop for GenerationThreads {
+    fn drop(&mut self) {
+        for c in &self.controls {
+            let _ = c.send(Control::Cancel);
+        }
+        self.controls.clear();
+        for h in self.tasks.drain(..) {
+            let _ = h.join();
+        }
+        for w in self.writers.drain(..) {
+            let _ = w.join();
+        }
+    }
 }
 
 fn writer_loop(
@@ -531,7 +565,17 @@ fn writer_loop(
     faults: Faults,
 ) {
     for (job, captured) in rx {
-        let ev = write_snapshot(&*store, &faults, job, || captured.elapsed().as_millis() as u64);
+        let (generation, checkpoint, task) = (job.generation, job.barrier.checkpoint, job.task);
+        // A panic while encoding (a user type's Serialize) declines this checkpoint; the writer lives on.
+        let ev = catch_unwind(AssertUnwindSafe(|| {
+            write_snapshot(&*store, &faults, job, || captured.elapsed().as_millis() as u64)
+        }))
+        .unwrap_or_else(|p| Event::Declined {
+            generation,
+            checkpoint,
+            task,
+            reason: format!("snapshot writer panicked: {}", panic_message(&*p)),
+        });
         if events.send(RtEvent::Coord(ev)).is_err() {
             return;
         }
@@ -580,16 +624,19 @@ impl ControlPlane for LogOnly<'_> {
     }
 }
 
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "(no message)".into())
+}
+
 fn task_thread(mut task: Task, ctrl: Receiver<Control>, mut env: RtEnv) {
     let result = catch_unwind(AssertUnwindSafe(|| drive(&mut task, &ctrl, &mut env)));
     let error = match result {
         Ok(Ok(())) | Ok(Err(TaskError::Cancelled)) => return,
         Ok(Err(e)) => e.to_string(),
-        Err(panic) => {
-            let msg =
-                panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
-            format!("panicked: {}", msg.unwrap_or_else(|| "(no message)".into()))
-        }
+        Err(panic) => format!("panicked: {}", panic_message(&*panic)),
     };
     task.cancel();
     let _ = env.events.send(RtEvent::Failed {

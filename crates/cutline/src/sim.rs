@@ -338,7 +338,7 @@ impl Sim {
 
     fn process_life(&mut self) -> Result<Life, String> {
         let cfg = self.config();
-        let start = match prepare_start(&*self.store, FINGERPRINT, cfg.retain).map_err(|e| e.to_string())? {
+        let start = match prepare_start(&*self.store, FINGERPRINT).map_err(|e| e.to_string())? {
             Start::AlreadyFinished(_) => return Ok(Life::Finished),
             Start::Run(s) => s,
         };

@@ -52,6 +52,14 @@ pub trait Sink<T>: Send + 'static {
     fn commit(&mut self, committables: &[Self::Committable]) -> Result<(), String>;
     /// The task is going away without finishing: drop the open transaction (best effort).
     fn abort(&mut self) {}
+    /// Has this subtask committed any transaction prepared after `checkpoint` (or after the start,
+    /// for `None`)? Asked only when a restore had to fall back past a damaged checkpoint: if so,
+    /// restoring would commit that output a second time, and an exactly-once job refuses. The default
+    /// answers yes, which makes such a fallback fail rather than duplicate.
+    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> Result<bool, String> {
+        let _ = checkpoint;
+        Ok(true)
+    }
 }
 
 /// Drives a [`Sink`] from the task's chain.
@@ -76,6 +84,19 @@ impl<T: Send + 'static, S: Sink<T>> SinkEmit<T, S> {
             };
         if let Some(c) = restore.checkpoint {
             assert!(restored.keys().all(|k| *k <= c), "{uid}: restored committables newer than checkpoint {c}");
+        }
+        if !restore.skipped.is_empty()
+            && !restore.duplicates_allowed
+            && sink.committed_after(restore.checkpoint).map_err(err)?
+        {
+            let from = restore.checkpoint.map(|c| format!("checkpoint {c}")).unwrap_or_else(|| "scratch".into());
+            return Err(TaskError::State {
+                uid: uid.clone(),
+                message: format!(
+                    "checkpoint(s) {:?} do not verify, and this sink already committed output after {from}: restoring {from} would commit that output twice. Repair the damaged checkpoint files, or run in at-least-once mode to accept duplicates",
+                    restore.skipped
+                ),
+            });
         }
         let to_commit: Vec<S::Committable> = restored.into_values().collect();
         faults.check(FaultPoint::SinkRecover)?;
@@ -193,6 +214,15 @@ fn io_err(what: &str, p: &Path, e: std::io::Error) -> String {
     format!("{what} {}: {e}", p.display())
 }
 
+/// Are `a` and `b` the same file (two links to one inode)?
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (fs::metadata(a), fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    }
+}
+
 fn fsync_dir(p: &Path) -> Result<(), String> {
     File::open(p).and_then(|d| d.sync_all()).map_err(|e| io_err("fsync of directory", p, e))
 }
@@ -247,6 +277,8 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
         };
         let f = w.into_inner().map_err(|e| format!("flushing pending output: {e}"))?;
         f.sync_all().map_err(|e| format!("fsync of pending output: {e}"))?;
+        // The file's directory entry must survive a power loss too: the checkpoint will refer to it.
+        fsync_dir(&self.pending_dir())?;
         let c = self.ctx.as_ref().expect("opened");
         Ok(Some(PendingFile {
             pending: name,
@@ -261,11 +293,29 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
         for c in committables {
             let from = self.pending_dir().join(&c.pending);
             let to = self.dir.join(&c.final_name);
-            match fs::rename(&from, &to) {
+            // Publish with a hard link, which never replaces an existing file, then drop the pending name.
+            match fs::hard_link(&from, &to) {
                 Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && to.exists() => {} // committed before
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    if !same_file(&from, &to) {
+                        return Err(format!(
+                            "{} already exists and is not this job's transaction {}: the output directory holds another run's output; use a fresh output directory",
+                            to.display(),
+                            c.pending
+                        ));
+                    }
+                    // A commit interrupted between the link and the unlink: finish it.
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && to.exists() => continue, // committed before
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(format!(
+                        "committed output {} and its pending file are both gone: part-* files must not be moved or deleted while the job can still restore a checkpoint that lists them ({e})",
+                        to.display()
+                    ))
+                }
                 Err(e) => return Err(io_err("cannot commit", &from, e)),
             }
+            fs::remove_file(&from).map_err(|e| io_err("cannot remove committed pending file", &from, e))?;
         }
         fsync_dir(&self.dir)
     }
@@ -274,6 +324,21 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
         if let Some((name, _)) = self.open.take() {
             let _ = fs::remove_file(self.pending_dir().join(name));
         }
+    }
+
+    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> Result<bool, String> {
+        let c = self.ctx.as_ref().expect("opened");
+        let prefix = format!("part-{}-{}-", c.uid, c.subtask);
+        let after = checkpoint.map(|c| c.0).unwrap_or(0);
+        for entry in fs::read_dir(&self.dir).map_err(|e| io_err("cannot list", &self.dir, e))? {
+            let name =
+                entry.map_err(|e| io_err("cannot list", &self.dir, e))?.file_name().to_string_lossy().into_owned();
+            let id = name.strip_prefix(&prefix).filter(|r| r.len() == 12).and_then(|r| r.parse::<u64>().ok());
+            if id.is_some_and(|id| id > after) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }
 
@@ -302,6 +367,9 @@ impl<T: std::fmt::Display + Send + 'static> Sink<T> for PrintSink<T> {
         println!("{}{item}", self.prefix);
         Ok(())
     }
+    fn committed_after(&mut self, _c: Option<CheckpointId>) -> Result<bool, String> {
+        Ok(false) // at-least-once by nature
+    }
     fn prepare(&mut self, _c: CheckpointId) -> Result<Option<()>, String> {
         Ok(None)
     }
@@ -327,6 +395,9 @@ impl<T: Send + 'static> Sink<T> for DiscardSink {
         std::hint::black_box(item);
         Ok(())
     }
+    fn committed_after(&mut self, _c: Option<CheckpointId>) -> Result<bool, String> {
+        Ok(false) // keeps nothing
+    }
     fn prepare(&mut self, _c: CheckpointId) -> Result<Option<()>, String> {
         Ok(None)
     }
@@ -339,16 +410,17 @@ impl<T: Send + 'static> Sink<T> for DiscardSink {
 /// (it outlives task crashes): used by the simulation and by tests.
 #[derive(Default, Debug)]
 pub struct MemoryTxnStore {
-    prepared: BTreeMap<String, Vec<String>>,
-    /// Committed transactions in commit order: (transaction key, records).
-    committed: Vec<(String, Vec<String>)>,
+    /// Prepared transactions: key -> (the checkpoint that prepared it, records).
+    prepared: BTreeMap<String, (CheckpointId, Vec<String>)>,
+    /// Committed transactions in commit order: (transaction key, its checkpoint, records).
+    committed: Vec<(String, CheckpointId, Vec<String>)>,
     committed_keys: BTreeSet<String>,
 }
 
 impl MemoryTxnStore {
     /// Every committed record, in commit order.
     pub fn committed_records(&self) -> Vec<String> {
-        self.committed.iter().flat_map(|(_, r)| r.iter().cloned()).collect()
+        self.committed.iter().flat_map(|(_, _, r)| r.iter().cloned()).collect()
     }
     pub fn prepared_count(&self) -> usize {
         self.prepared.len()
@@ -398,7 +470,7 @@ impl<T: std::fmt::Display + Send + 'static> Sink<T> for MemoryTxnSink {
         self.open.push(item.to_string());
         Ok(())
     }
-    fn prepare(&mut self, _checkpoint: CheckpointId) -> Result<Option<String>, String> {
+    fn prepare(&mut self, checkpoint: CheckpointId) -> Result<Option<String>, String> {
         if self.open.is_empty() {
             return Ok(None);
         }
@@ -408,7 +480,7 @@ impl<T: std::fmt::Display + Send + 'static> Sink<T> for MemoryTxnSink {
         let records = std::mem::take(&mut self.open);
         let mut s = self.store.lock().expect("store lock");
         assert!(!s.committed_keys.contains(&key) && !s.prepared.contains_key(&key), "transaction key {key} reused");
-        s.prepared.insert(key.clone(), records);
+        s.prepared.insert(key.clone(), (checkpoint, records));
         Ok(Some(key))
     }
     fn commit(&mut self, committables: &[String]) -> Result<(), String> {
@@ -417,16 +489,21 @@ impl<T: std::fmt::Display + Send + 'static> Sink<T> for MemoryTxnSink {
             if s.committed_keys.contains(key) {
                 continue; // idempotent
             }
-            let Some(records) = s.prepared.remove(key) else {
+            let Some((checkpoint, records)) = s.prepared.remove(key) else {
                 return Err(format!("prepared transaction {key} is gone: committed output would be lost"));
             };
             s.committed_keys.insert(key.clone());
-            s.committed.push((key.clone(), records));
+            s.committed.push((key.clone(), checkpoint, records));
         }
         Ok(())
     }
     fn abort(&mut self) {
         self.open.clear();
+    }
+    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> Result<bool, String> {
+        let prefix = self.prefix();
+        let s = self.store.lock().expect("store lock");
+        Ok(s.committed.iter().any(|(k, c, _)| k.starts_with(&prefix) && checkpoint.is_none_or(|after| *c > after)))
     }
 }
 
@@ -492,5 +569,34 @@ mod tests {
         s.open(&ctx("out", 0, 1)).unwrap();
         let ghost = PendingFile { pending: "out@0@1-0.pending".into(), final_name: "part-out-0-000000000001".into() };
         assert!(s.commit(&[ghost]).is_err());
+    }
+
+    #[test]
+    fn commit_never_replaces_another_runs_output_regression_overwrite() {
+        // A second run with a fresh state directory but the same output directory reused checkpoint
+        // ids; its commit silently replaced the first run's committed file.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("part-out-0-000000000001"), "first run\n").unwrap();
+        let mut s = line_sink(dir.path());
+        s.open(&ctx("out", 0, 1)).unwrap();
+        s.write("second run".into()).unwrap();
+        let c = s.prepare(CheckpointId(1)).unwrap().unwrap();
+        let err = s.commit(&[c]).expect_err("must not replace committed output");
+        assert!(err.contains("another run's output"), "{err}");
+        assert_eq!(std::fs::read_to_string(dir.path().join("part-out-0-000000000001")).unwrap(), "first run\n");
+    }
+
+    #[test]
+    fn a_commit_interrupted_between_link_and_unlink_is_finished_by_the_next_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = line_sink(dir.path());
+        s.open(&ctx("out", 0, 1)).unwrap();
+        s.write("x".into()).unwrap();
+        let c = s.prepare(CheckpointId(4)).unwrap().unwrap();
+        // The crash left both names pointing at the transaction.
+        std::fs::hard_link(dir.path().join(PENDING_DIR).join(&c.pending), dir.path().join(&c.final_name)).unwrap();
+        s.commit(std::slice::from_ref(&c)).unwrap();
+        assert!(!dir.path().join(PENDING_DIR).join(&c.pending).exists());
+        assert_eq!(std::fs::read_to_string(dir.path().join(&c.final_name)).unwrap(), "x\n");
     }
 }

@@ -156,6 +156,10 @@ pub(crate) struct RestoredPart {
 #[derive(Debug, Default)]
 pub(crate) struct RestoreIndex {
     pub checkpoint: Option<CheckpointId>,
+    /// Newer complete checkpoints that did not verify and were skipped (a fallback).
+    pub skipped: Vec<CheckpointId>,
+    /// At-least-once mode: a fallback may commit output twice, and that is accepted.
+    pub duplicates_allowed: bool,
     pub elements: HashMap<String, Vec<RestoredPart>>,
 }
 
@@ -277,10 +281,18 @@ impl<K: Key, T: Send, S: StateValue, O: Send> KeyedProcessOp<K, T, S, O> {
                 let ((k, v), rest): ((K, S), &[u8]) =
                     postcard::take_from_bytes(blob).map_err(|e| err(format!("decoding keyed state: {e}")))?;
                 let actual = key_group_of_hash(stable_hash(&k), self.max_parallelism);
-                assert_eq!(actual, kg, "restored key of {} filed under key group {kg} hashes to {actual}", self.uid);
-                assert!(self.range.contains(cutline_core::KeyGroup(kg)));
-                let prev = self.state.insert(k, Some(v));
-                assert!(prev.is_none(), "key restored twice in {}", self.uid);
+                // Checked after reading back: a key filed under another group means the key type or its
+                // hashing changed since the checkpoint; restoring it would put state where no record finds it.
+                if actual != kg || !self.range.contains(cutline_core::KeyGroup(kg)) {
+                    return Err(err(format!(
+                        "a restored key filed under key group {kg} hashes to group {actual}: the key type or its Hash changed since the checkpoint; keep the key type, or give the operator a new id to start it empty"
+                    )));
+                }
+                if self.state.insert(k, Some(v)).is_some() {
+                    return Err(err(format!(
+                        "a key is stored twice in key group {kg}: the checkpoint is inconsistent"
+                    )));
+                }
                 blob = rest;
             }
         }

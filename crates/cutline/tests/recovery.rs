@@ -97,6 +97,47 @@ fn a_corrupt_latest_checkpoint_falls_back_to_the_previous_one_and_output_stays_e
     assert_eq!(committed(&out), expected());
 }
 
+/// Fails once at the `n`-th batch, after which the job restarts; then the run goes on to the end.
+fn crash_late(cfg: &mut RunConfig, n: u64) {
+    let count = Arc::new(AtomicU64::new(0));
+    cfg.faults = Faults::new(move |p| p == FaultPoint::ProcessBatch && count.fetch_add(1, Ordering::SeqCst) + 1 == n);
+    cfg.restart = RestartStrategy::None;
+}
+
+#[test]
+fn falling_back_past_committed_output_is_refused_in_exactly_once_mode() {
+    // The latest checkpoint's output is already committed when its files turn out damaged: restoring the
+    // previous one would commit that output twice.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let graph = counting_job("counts", 2, out.clone());
+    let mut cfg = config(dir.path());
+    crash_late(&mut cfg, 400);
+    cutline::run(&graph, cfg).expect_err("stopped by the injected failure");
+    flip_a_byte_of_the_latest_state_file(dir.path());
+    let before = committed(&out);
+    let err = cutline::run(&graph, config(dir.path())).expect_err("must refuse to duplicate committed output");
+    assert!(err.to_string().contains("commit that output twice"), "{err}");
+    assert_eq!(committed(&out), before, "nothing more was committed");
+}
+
+#[test]
+fn falling_back_in_at_least_once_mode_keeps_every_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let graph = counting_job("counts", 2, out.clone());
+    let mut cfg = config(dir.path());
+    cfg.checkpoint.mode = cutline::CheckpointMode::AtLeastOnce;
+    crash_late(&mut cfg, 400);
+    cutline::run(&graph, cfg).expect_err("stopped by the injected failure");
+    flip_a_byte_of_the_latest_state_file(dir.path());
+    let mut again = config(dir.path());
+    again.checkpoint.mode = cutline::CheckpointMode::AtLeastOnce;
+    cutline::run(&graph, again).expect("falls back, accepting duplicates");
+    let got: std::collections::BTreeSet<String> = committed(&out).into_iter().collect();
+    assert!(expected().iter().all(|e| got.contains(e)), "a record of the failure-free run is missing");
+}
+
 #[test]
 fn state_of_an_operator_the_job_no_longer_has_is_refused_and_nothing_is_deleted() {
     let dir = tempfile::tempdir().unwrap();
@@ -186,4 +227,95 @@ fn one_failure_at_every_protocol_step_then_restore_gives_exact_output() {
             }
         }
     }
+}
+
+/// A sink whose commit is slow and which records when its last commit ended.
+#[derive(Clone)]
+struct SlowCommitSink {
+    last_commit_end: Arc<Mutex<Option<std::time::Instant>>>,
+}
+
+impl cutline::Sink<String> for SlowCommitSink {
+    type Committable = u64;
+    fn open(&mut self, _ctx: &cutline::SinkContext) -> Result<(), String> {
+        Ok(())
+    }
+    fn recover(&mut self, _to_commit: &[u64]) -> Result<(), String> {
+        Ok(())
+    }
+    fn write(&mut self, _item: String) -> Result<(), String> {
+        Ok(())
+    }
+    fn prepare(&mut self, checkpoint: cutline::CheckpointId) -> Result<Option<u64>, String> {
+        Ok(Some(checkpoint.0))
+    }
+    fn commit(&mut self, _c: &[u64]) -> Result<(), String> {
+        std::thread::sleep(Duration::from_millis(150));
+        *self.last_commit_end.lock().unwrap() = Some(std::time::Instant::now());
+        Ok(())
+    }
+}
+
+#[test]
+fn a_storage_error_stops_and_joins_every_thread_before_run_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let gcs = Arc::new(AtomicU64::new(0));
+    let g2 = gcs.clone();
+    let store = cutline_storage::FaultyStore::new(LocalDirStore::open(dir.path()).unwrap(), move |op| {
+        op == cutline_storage::StoreOp::Gc && g2.fetch_add(1, Ordering::SeqCst) == 2
+    });
+    let last = Arc::new(Mutex::new(None));
+    let job = Job::new("slow");
+    job.source_with_parallelism("numbers", 1, GeneratorSource::new(RECORDS, |i| i % KEYS))
+        .map(|k: u64| {
+            std::thread::sleep(Duration::from_micros(20));
+            k.to_string()
+        })
+        .sink("slow", SlowCommitSink { last_commit_end: last.clone() });
+    let graph = job.build().unwrap();
+    let mut cfg = RunConfig::new(Arc::new(store), "slow-v1");
+    cfg.checkpoint.interval_ms = Some(5);
+    let err = cutline::run(&graph, cfg).expect_err("the failed retention pass fails the run");
+    let returned = std::time::Instant::now();
+    assert!(matches!(err, RunError::Storage(_)), "{err}");
+    std::thread::sleep(Duration::from_millis(400));
+    let end = last.lock().unwrap().expect("some commit ran");
+    assert!(end <= returned, "a sink was still committing after run() returned");
+}
+
+/// A state value whose serialisation panics.
+#[derive(Clone, serde::Deserialize)]
+struct Explosive(u64);
+
+impl serde::Serialize for Explosive {
+    fn serialize<S: serde::Serializer>(&self, _s: S) -> Result<S::Ok, S::Error> {
+        panic!("this state cannot be serialised")
+    }
+}
+
+#[test]
+fn a_panicking_state_serializer_declines_checkpoints_at_once_instead_of_timing_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let job = Job::new("explosive");
+    job.source_with_parallelism("numbers", 1, GeneratorSource::new(RECORDS, |i| i % KEYS))
+        .map(|k: u64| {
+            std::thread::sleep(Duration::from_micros(20));
+            k
+        })
+        .key_by(|k: &u64| *k)
+        .process("boom", |_k: &u64, s: &mut Option<Explosive>, v: u64, o: &mut cutline::Output<String>| {
+            *s = Some(Explosive(v));
+            o.emit(v.to_string());
+        })
+        .sink("out", MemoryTxnSink::new(out));
+    let graph = job.build().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.restart = RestartStrategy::None;
+    cfg.checkpoint.tolerable_failures = 0;
+    let start = std::time::Instant::now();
+    let err = cutline::run(&graph, cfg).expect_err("no checkpoint can succeed");
+    assert!(matches!(err, RunError::GaveUp { .. }), "{err}");
+    // The default checkpoint timeout is 60 s; a dead writer would only be noticed then.
+    assert!(start.elapsed() < Duration::from_secs(20), "took {:?}", start.elapsed());
 }

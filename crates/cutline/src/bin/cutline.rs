@@ -100,7 +100,10 @@ fn parse_interval(s: &str) -> Result<Option<u64>> {
     if n == 0 {
         bail!("bad duration {s:?}: must be positive (or off)");
     }
-    Ok(Some(n * mult))
+    match n.checked_mul(mult) {
+        Some(ms) if ms <= 365 * 86_400_000 => Ok(Some(ms)),
+        _ => bail!("bad duration {s:?}: at most a year"),
+    }
 }
 
 fn main() {
@@ -227,7 +230,7 @@ fn list_checkpoints(state: &Path) -> Result<()> {
     if !state.join("job.meta").exists() && !state.join("checkpoints").is_dir() {
         bail!("{} holds no cutline state (no job.meta, no checkpoints/)", state.display());
     }
-    let store = LocalDirStore::open(state)?;
+    let store = LocalDirStore::open_existing(state)?;
     let meta = store.read_meta()?;
     match &meta {
         Some(m) => println!("job: {}\ngeneration: {}", m.job_fingerprint, m.generation.0),
