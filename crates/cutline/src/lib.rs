@@ -46,7 +46,7 @@ pub use emit::DEFAULT_BATCH_SIZE;
 pub use fault::{FaultPoint, Faults};
 pub use graph::{EdgeKind, JobGraph};
 pub use message::TaskError;
-pub use runtime::{run, CheckpointSummary, JobReport, RunConfig, RunError};
+pub use runtime::{run, spawn, CheckpointSummary, JobHandle, JobReport, RunConfig, RunError};
 pub use sink::{
     DiscardSink, MemoryTxnSink, MemoryTxnStore, PendingFile, PrintSink, Sink, SinkContext, TransactionalFileSink,
 };

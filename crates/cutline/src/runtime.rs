@@ -126,6 +126,8 @@ pub struct JobReport {
     pub checkpoints: Vec<CheckpointSummary>,
     /// Time from each failure to the restored job running again.
     pub recovery_ms: Vec<u64>,
+    /// The run was stopped through [`JobHandle::stop`] before the job finished.
+    pub stopped: bool,
     pub elapsed_ms: u64,
 }
 
@@ -312,9 +314,66 @@ pub(crate) fn prepare_start(store: &dyn CheckpointStore, fingerprint: &str) -> R
     Ok(Start::Run(StartInfo { first, generation, lease_end }))
 }
 
+/// A request to a running job (see [`JobHandle`]).
+enum Command {
+    Stop,
+    SetCheckpointConfig(CheckpointConfig, Sender<Result<(), String>>),
+}
+
+/// A job running on a background thread: change its checkpoint settings, stop it, wait for it.
+pub struct JobHandle {
+    commands: Sender<Command>,
+    thread: JoinHandle<Result<JobReport, RunError>>,
+}
+
+impl JobHandle {
+    /// Change the checkpoint settings (interval, timeout, min pause, concurrency, tolerable failures,
+    /// mode) while the job runs; they apply from the next checkpoint trigger. Invalid settings are
+    /// refused with the reason, and the old ones stay.
+    pub fn set_checkpoint_config(&self, config: CheckpointConfig) -> Result<(), String> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.commands.send(Command::SetCheckpointConfig(config, tx)).map_err(|_| "the job has ended".to_string())?;
+        rx.recv().map_err(|_| "the job has ended".to_string())?
+    }
+
+    /// Stop the job: every task is torn down without a further checkpoint. Output committed so far
+    /// stays; running the job again on the same store resumes from its latest complete checkpoint.
+    pub fn stop(&self) {
+        let _ = self.commands.send(Command::Stop);
+    }
+
+    /// Has the job ended (finished, stopped or failed)?
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+
+    /// Wait for the job to end.
+    pub fn join(self) -> Result<JobReport, RunError> {
+        match self.thread.join() {
+            Ok(r) => r,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    }
+}
+
+/// Start `graph` on a background thread; see [`run`] for what it does.
+pub fn spawn(graph: JobGraph, cfg: RunConfig) -> JobHandle {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let thread = std::thread::Builder::new()
+        .name(format!("cutline-{}", graph.name()))
+        .spawn(move || run_with(&graph, cfg, &rx))
+        .expect("spawn the job thread");
+    JobHandle { commands: tx, thread }
+}
+
 /// Run `graph` to completion with checkpoints and recovery. Starting again on the same store after the
-/// process died resumes from the latest complete checkpoint.
+/// process died resumes from the latest complete checkpoint. Use [`spawn`] to control a running job.
 pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
+    let (_tx, rx) = crossbeam_channel::unbounded();
+    run_with(graph, cfg, &rx)
+}
+
+fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> Result<JobReport, RunError> {
     cfg.validate()?;
     let started = Instant::now();
     let store = cfg.store.clone();
@@ -358,7 +417,9 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
                 // A source or sink failed to open or recover: a failure like any other.
                 let reason = format!("deploying {generation}: {e}");
                 failed_at.get_or_insert_with(Instant::now);
-                after_failure(&cfg, &mut tracker, started, reason, &mut report)?;
+                if !after_failure(&cfg, &mut tracker, started, reason, &mut report, commands)? {
+                    return Ok(stopped(report, &mut stats, started));
+                }
                 generation = next_generation(&*store, &cfg.job_fingerprint, generation, lease_end)?;
                 continue;
             }
@@ -396,7 +457,8 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
         if let Some(at) = failed_at.take() {
             report.recovery_ms.push(at.elapsed().as_millis() as u64);
         }
-        let outcome = run_generation(graph, &cfg, coord, deployed, generation, started, &mut stats, &mut lease_end)?;
+        let outcome =
+            run_generation(graph, &cfg, coord, deployed, generation, started, &mut stats, &mut lease_end, commands)?;
         match outcome {
             GenerationOutcome::Finished(c) => {
                 report.final_checkpoint = Some(c);
@@ -408,29 +470,58 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
             }
             GenerationOutcome::FailedOver(reason) => {
                 failed_at = Some(Instant::now());
-                after_failure(&cfg, &mut tracker, started, reason, &mut report)?;
+                if !after_failure(&cfg, &mut tracker, started, reason, &mut report, commands)? {
+                    return Ok(stopped(report, &mut stats, started));
+                }
                 generation = next_generation(&*store, &cfg.job_fingerprint, generation, lease_end)?;
+            }
+            GenerationOutcome::Stopped => {
+                report.checkpoints_completed = coord.completed_count();
+                report.checkpoints_failed = coord.failed_count();
+                return Ok(stopped(report, &mut stats, started));
             }
         }
     }
 }
 
-/// Ask the restart strategy; wait its delay or give up.
+/// The report of a run stopped through [`JobHandle::stop`].
+fn stopped(mut report: JobReport, stats: &mut CheckpointLog, started: Instant) -> JobReport {
+    report.stopped = true;
+    report.checkpoints = std::mem::take(&mut stats.done);
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    report
+}
+
+/// Ask the restart strategy; wait its delay or give up. `Ok(false)`: stopped while waiting.
 fn after_failure(
     cfg: &RunConfig,
     tracker: &mut RestartTracker,
     started: Instant,
     reason: String,
     report: &mut JobReport,
-) -> Result<(), RunError> {
+    commands: &Receiver<Command>,
+) -> Result<bool, RunError> {
     log(cfg, || format!("failing over: {reason}"));
     match tracker.on_failure(TimeMs(started.elapsed().as_millis() as u64)) {
         RestartDecision::GiveUp { attempts } => Err(RunError::GaveUp { attempts, last: reason }),
         RestartDecision::RestartAfter { delay_ms, attempt } => {
             log(cfg, || format!("restart attempt {attempt} in {delay_ms} ms"));
-            std::thread::sleep(Duration::from_millis(delay_ms));
+            let until = Instant::now() + Duration::from_millis(delay_ms);
+            loop {
+                match commands.recv_deadline(until) {
+                    Ok(Command::Stop) => return Ok(false),
+                    Ok(Command::SetCheckpointConfig(_, reply)) => {
+                        let _ = reply.send(Err("the job is restarting; try again".into()));
+                    }
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                        std::thread::sleep(until.saturating_duration_since(Instant::now()));
+                        break;
+                    }
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => break,
+                }
+            }
             report.restarts += 1;
-            Ok(())
+            Ok(true)
         }
     }
 }
@@ -438,6 +529,7 @@ fn after_failure(
 enum GenerationOutcome {
     Finished(CheckpointId),
     FailedOver(String),
+    Stopped,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -450,6 +542,7 @@ fn run_generation(
     started: Instant,
     stats: &mut CheckpointLog,
     lease_end: &mut CheckpointId,
+    commands: &Receiver<Command>,
 ) -> Result<GenerationOutcome, RunError> {
     let store = cfg.store.clone();
     let (ev_tx, ev_rx) = crossbeam_channel::unbounded::<RtEvent>();
@@ -504,14 +597,27 @@ fn run_generation(
     let tick = Duration::from_millis(cfg.tick_ms);
     let mut next_tick = Instant::now() + tick;
     let mut out = Vec::new();
+    let mut cmd_rx = commands.clone();
     let outcome = loop {
         // Ticks come every `tick` whether or not events keep arriving.
-        match ev_rx.recv_deadline(next_tick) {
-            Ok(RtEvent::Coord(e)) => coord.handle(plane.now(), e, &mut out),
-            Ok(RtEvent::Failed { generation: g, task, error }) => {
-                coord.handle(plane.now(), Event::TaskFailed { generation: g, task, reason: error }, &mut out)
-            }
-            Err(_) => {}
+        crossbeam_channel::select! {
+            recv(ev_rx) -> ev => match ev {
+                Ok(RtEvent::Coord(e)) => coord.handle(plane.now(), e, &mut out),
+                Ok(RtEvent::Failed { generation: g, task, error }) => {
+                    coord.handle(plane.now(), Event::TaskFailed { generation: g, task, reason: error }, &mut out)
+                }
+                Err(_) => {}
+            },
+            recv(cmd_rx) -> c => match c {
+                Ok(Command::Stop) => break GenerationOutcome::Stopped,
+                Ok(Command::SetCheckpointConfig(config, reply)) => {
+                    plane.log(&|| format!("new checkpoint settings: {config:?}"));
+                    let _ = reply.send(coord.set_config(config));
+                }
+                // The handle is gone: the job runs on, and nobody can send commands any more.
+                Err(_) => cmd_rx = crossbeam_channel::never(),
+            },
+            default(next_tick.saturating_duration_since(Instant::now())) => {}
         }
         if Instant::now() >= next_tick {
             next_tick = Instant::now() + tick;

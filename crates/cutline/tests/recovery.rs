@@ -319,3 +319,29 @@ fn a_panicking_state_serializer_declines_checkpoints_at_once_instead_of_timing_o
     // The default checkpoint timeout is 60 s; a dead writer would only be noticed then.
     assert!(start.elapsed() < Duration::from_secs(20), "took {:?}", start.elapsed());
 }
+
+#[test]
+fn a_spawned_job_takes_new_checkpoint_settings_stops_on_request_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let graph = counting_job("counts", 2, out.clone());
+    let mut cfg = config(dir.path());
+    cfg.checkpoint.interval_ms = None; // no periodic checkpoints until the settings change
+    let handle = cutline::spawn(graph.clone(), cfg.clone());
+    let mut bad = cfg.checkpoint.clone();
+    bad.max_concurrent = 0;
+    assert!(handle.set_checkpoint_config(bad).is_err(), "invalid settings are refused");
+    let mut every_5ms = cfg.checkpoint.clone();
+    every_5ms.interval_ms = Some(5);
+    handle.set_checkpoint_config(every_5ms).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    handle.stop();
+    let report = handle.join().unwrap();
+    assert!(report.stopped, "the run reports it was stopped");
+    assert!(!report.checkpoints.is_empty(), "the new interval took effect: {report:?}");
+    assert!(report.final_checkpoint.is_none());
+    // Run it again on the same store: it resumes and ends with exactly the failure-free output.
+    let again = cutline::run(&graph, config(dir.path())).unwrap();
+    assert!(again.restored_from.is_some());
+    assert_eq!(committed(&out), expected());
+}
