@@ -430,11 +430,24 @@ pub(crate) mod ops {
         Ok(report)
     }
 
-    /// Every file that the manifests of `ids` reference.
+    /// Every file that the manifests of `ids` reference. A retained manifest that is damaged keeps its
+    /// whole directory instead (its references are unknown; a restore will skip it and may fall back to
+    /// an older checkpoint, so nothing of it is touched here). Other read errors fail the pass.
     fn referenced_files<F: Files>(fs: &F, ids: &[CheckpointId]) -> Result<BTreeSet<String>, StorageError> {
         let mut keep = BTreeSet::new();
         for id in ids {
-            keep.extend(read_manifest(fs, *id)?.tasks.into_iter().map(|t| t.file));
+            match read_manifest(fs, *id) {
+                Ok(m) => keep.extend(m.tasks.into_iter().map(|t| t.file)),
+                Err(e) if e.is_corruption() => {
+                    let dir = checkpoint_dir(*id);
+                    for entry in fs.list(&dir)? {
+                        if !entry.is_dir {
+                            keep.insert(format!("{dir}/{}", entry.name));
+                        }
+                    }
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(keep)
     }

@@ -33,6 +33,8 @@ pub(crate) trait Emit<T>: Send {
     fn on_end(&mut self) -> Result<(), TaskError>;
     /// `checkpoint` is complete: commit what was prepared up to it.
     fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError>;
+    /// The task starts running (after every task of the generation was built): sinks recover here.
+    fn on_start(&mut self) -> Result<(), TaskError>;
     /// The task is being torn down without finishing (best effort).
     fn on_cancel(&mut self) {}
 }
@@ -54,6 +56,9 @@ macro_rules! delegate_control {
         }
         fn on_cancel(&mut self) {
             self.next.on_cancel()
+        }
+        fn on_start(&mut self) -> Result<(), TaskError> {
+            self.next.on_start()
         }
     };
 }
@@ -208,6 +213,10 @@ impl<T: Send> Emit<T> for Router<T> {
     }
 
     fn on_complete(&mut self, _c: CheckpointId) -> Result<(), TaskError> {
+        Ok(())
+    }
+
+    fn on_start(&mut self) -> Result<(), TaskError> {
         Ok(())
     }
 }

@@ -109,6 +109,8 @@ pub enum RunError {
     GaveUp { attempts: u32, last: String },
     #[error("a task failed while the job was being deployed: {0}")]
     Deploy(TaskError),
+    #[error("cannot start a thread ({0}): raise the process or thread limit, or lower the parallelism")]
+    Spawn(std::io::Error),
 }
 
 /// What a finished run reports.
@@ -242,9 +244,12 @@ pub(crate) fn load_checkpoint(
 }
 
 /// Choose the latest complete checkpoint that verifies (warning about newer broken ones) and load it.
+/// `mode` is the job's current checkpoint mode (settings may have changed while it ran): it decides
+/// whether a restore may commit output twice.
 pub(crate) fn restore_latest(
     cfg: &RunConfig,
     graph: &JobGraph,
+    mode: CheckpointMode,
 ) -> Result<(RestoreIndex, Option<CheckpointId>), RunError> {
     // Verify from the newest down and stop at the first that verifies; only damaged data falls back.
     let listing = cfg.store.list_checkpoints()?;
@@ -270,7 +275,7 @@ pub(crate) fn restore_latest(
     let mut index = loaded.unwrap_or_default();
     assert_eq!(index.checkpoint, choice.checkpoint);
     index.skipped = choice.skipped.iter().map(|(id, _)| *id).collect();
-    index.duplicates_allowed = cfg.checkpoint.mode == CheckpointMode::AtLeastOnce;
+    index.duplicates_allowed = mode == CheckpointMode::AtLeastOnce;
     Ok((index, choice.checkpoint))
 }
 
@@ -392,7 +397,27 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
     let mut coordinator: Option<Coordinator<AckReport>> = None;
     let mut failed_at: Option<Instant> = None;
     loop {
-        let (index, restored) = restore_latest(&cfg, graph)?;
+        let mode = coordinator.as_ref().map(|c| c.config().mode).unwrap_or(cfg.checkpoint.mode);
+        let (index, restored) = match restore_latest(&cfg, graph, mode) {
+            Ok(r) => r,
+            // Storage that fails to answer (not damaged data) may answer later: a failure like any other.
+            Err(RunError::Storage(e)) if !e.is_corruption() => {
+                failed_at.get_or_insert_with(Instant::now);
+                if !after_failure(
+                    &cfg,
+                    &mut tracker,
+                    started,
+                    format!("reading checkpoints: {e}"),
+                    &mut report,
+                    commands,
+                )? {
+                    return Ok(stopped(report, coordinator.as_ref(), &mut stats, started));
+                }
+                generation = next_generation(&*store, &cfg.job_fingerprint, generation, lease_end)?;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         if coordinator.is_none() {
             report.restored_from = restored;
         }
@@ -418,7 +443,7 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
                 let reason = format!("deploying {generation}: {e}");
                 failed_at.get_or_insert_with(Instant::now);
                 if !after_failure(&cfg, &mut tracker, started, reason, &mut report, commands)? {
-                    return Ok(stopped(report, &mut stats, started));
+                    return Ok(stopped(report, coordinator.as_ref(), &mut stats, started));
                 }
                 generation = next_generation(&*store, &cfg.job_fingerprint, generation, lease_end)?;
                 continue;
@@ -471,22 +496,27 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
             GenerationOutcome::FailedOver(reason) => {
                 failed_at = Some(Instant::now());
                 if !after_failure(&cfg, &mut tracker, started, reason, &mut report, commands)? {
-                    return Ok(stopped(report, &mut stats, started));
+                    return Ok(stopped(report, Some(coord), &mut stats, started));
                 }
                 generation = next_generation(&*store, &cfg.job_fingerprint, generation, lease_end)?;
             }
-            GenerationOutcome::Stopped => {
-                report.checkpoints_completed = coord.completed_count();
-                report.checkpoints_failed = coord.failed_count();
-                return Ok(stopped(report, &mut stats, started));
-            }
+            GenerationOutcome::Stopped => return Ok(stopped(report, Some(coord), &mut stats, started)),
         }
     }
 }
 
 /// The report of a run stopped through [`JobHandle::stop`].
-fn stopped(mut report: JobReport, stats: &mut CheckpointLog, started: Instant) -> JobReport {
+fn stopped(
+    mut report: JobReport,
+    coord: Option<&Coordinator<AckReport>>,
+    stats: &mut CheckpointLog,
+    started: Instant,
+) -> JobReport {
     report.stopped = true;
+    if let Some(c) = coord {
+        report.checkpoints_completed = c.completed_count();
+        report.checkpoints_failed = c.failed_count();
+    }
     report.checkpoints = std::mem::take(&mut stats.done);
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     report
@@ -544,12 +574,13 @@ fn run_generation(
     lease_end: &mut CheckpointId,
     commands: &Receiver<Command>,
 ) -> Result<GenerationOutcome, RunError> {
+    // Whatever way this function is left (outcome, error, panic), the guard stops and joins every
+    // thread. Declared first, it is dropped last: after the channel ends below, so writers see them close.
+    let mut threads = GenerationThreads::default();
     let store = cfg.store.clone();
     let (ev_tx, ev_rx) = crossbeam_channel::unbounded::<RtEvent>();
     let (wr_tx, wr_rx) = crossbeam_channel::bounded::<(SnapshotJob, Instant)>(SNAPSHOT_QUEUE_CAPACITY);
     let metas: Arc<Vec<TaskMeta>> = Arc::new(task_metas(graph, &deployed));
-    // Whatever way this function is left (outcome, error, panic), the guard stops and joins every thread.
-    let mut threads = GenerationThreads::default();
     // Snapshot writers.
     for w in 0..cfg.snapshot_writers {
         let rx = wr_rx.clone();
@@ -560,7 +591,7 @@ fn run_generation(
             std::thread::Builder::new()
                 .name(format!("cutline-writer-{w}"))
                 .spawn(move || writer_loop(rx, ev, store, faults))
-                .expect("spawn writer"),
+                .map_err(RunError::Spawn)?,
         );
     }
     drop(wr_rx);
@@ -578,7 +609,10 @@ fn run_generation(
         let name = d.task.name.clone();
         let task = d.task;
         threads.tasks.push(
-            std::thread::Builder::new().name(name).spawn(move || task_thread(task, c_rx, env)).expect("spawn task"),
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(move || task_thread(task, c_rx, env))
+                .map_err(RunError::Spawn)?,
         );
     }
     drop(wr_tx);
@@ -753,6 +787,7 @@ fn task_thread(mut task: Task, ctrl: Receiver<Control>, mut env: RtEnv) {
 }
 
 fn drive(task: &mut Task, ctrl: &Receiver<Control>, env: &mut RtEnv) -> Result<(), TaskError> {
+    task.start()?;
     if task.is_source() {
         loop {
             loop {

@@ -362,7 +362,8 @@ impl Sim {
         let cfg = RunConfig { faults: faults.clone(), ..cfg };
         loop {
             // Deploy a generation.
-            let (index, restored) = restore_latest(&cfg, &self.graph).map_err(|e| format!("restore: {e}"))?;
+            let mode = coordinator.as_ref().map(|c| c.config().mode).unwrap_or(cfg.checkpoint.mode);
+            let (index, restored) = restore_latest(&cfg, &self.graph, mode).map_err(|e| format!("restore: {e}"))?;
             let opts = DeployOptions {
                 restore: &index,
                 faults: faults.clone(),
@@ -546,6 +547,14 @@ fn run_generation_sim(
     let mut events: VecDeque<SimEvent> = VecDeque::new();
     let mut out = Vec::new();
     let mut stats = CheckpointLog::default();
+    // Every task starts (sinks recover) before the first step; a failure there is a task failure.
+    for slot in tasks.iter_mut() {
+        let t = slot.as_mut().expect("freshly deployed");
+        if let Err(e) = t.start() {
+            events.push_back(SimEvent::Coord(Event::TaskFailed { generation, task: t.id, reason: e.to_string() }));
+            *slot = None;
+        }
+    }
     loop {
         sim.report.steps += 1;
         if sim.report.steps > sim.o.max_steps {

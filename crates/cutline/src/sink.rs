@@ -52,13 +52,16 @@ pub trait Sink<T>: Send + 'static {
     fn commit(&mut self, committables: &[Self::Committable]) -> Result<(), String>;
     /// The task is going away without finishing: drop the open transaction (best effort).
     fn abort(&mut self) {}
-    /// Has this subtask committed any transaction prepared after `checkpoint` (or after the start,
-    /// for `None`)? Asked only when a restore had to fall back past a damaged checkpoint: if so,
-    /// restoring would commit that output a second time, and an exactly-once job refuses. The default
-    /// answers yes, which makes such a fallback fail rather than duplicate.
-    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> Result<bool, String> {
+    /// Has this subtask committed any transaction prepared after `checkpoint` (or at all, for
+    /// `None`)? Asked at every exactly-once restore, before any sink recovers. In a healthy store the
+    /// answer is always no (sinks commit only what a complete checkpoint prepared, and the latest
+    /// complete checkpoint is restored); yes means checkpoints were lost or damaged, or the output
+    /// belongs to another run, and restoring would commit output twice, so the restore is refused.
+    /// `None` (the default) means the sink cannot tell: the restore is then refused only when it falls
+    /// back past a damaged checkpoint.
+    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> Result<Option<bool>, String> {
         let _ = checkpoint;
-        Ok(true)
+        Ok(None)
     }
 }
 
@@ -68,6 +71,8 @@ pub(crate) struct SinkEmit<T, S: Sink<T>> {
     sink: S,
     /// Prepared, not yet committed: part of every snapshot until committed.
     uncommitted: BTreeMap<CheckpointId, S::Committable>,
+    /// What the restored checkpoint prepared, committed by `recover` when the task starts.
+    to_recover: Option<Vec<S::Committable>>,
     faults: Faults,
     _t: std::marker::PhantomData<fn(T)>,
 }
@@ -85,23 +90,35 @@ impl<T: Send + 'static, S: Sink<T>> SinkEmit<T, S> {
         if let Some(c) = restore.checkpoint {
             assert!(restored.keys().all(|k| *k <= c), "{uid}: restored committables newer than checkpoint {c}");
         }
-        if !restore.skipped.is_empty()
-            && !restore.duplicates_allowed
-            && sink.committed_after(restore.checkpoint).map_err(err)?
-        {
-            let from = restore.checkpoint.map(|c| format!("checkpoint {c}")).unwrap_or_else(|| "scratch".into());
-            return Err(TaskError::State {
-                uid: uid.clone(),
-                message: format!(
-                    "checkpoint(s) {:?} do not verify, and this sink already committed output after {from}: restoring {from} would commit that output twice. Repair the damaged checkpoint files, or run in at-least-once mode to accept duplicates",
-                    restore.skipped
-                ),
-            });
+        if !restore.duplicates_allowed {
+            // Every sink subtask answers this before any of them recovers (recovery discards prepared
+            // transactions; a refusal after that would leave nothing to repair).
+            let committed = sink.committed_after(restore.checkpoint).map_err(err)?;
+            if committed == Some(true) || (committed.is_none() && !restore.skipped.is_empty()) {
+                let from =
+                    restore.checkpoint.map(|c| format!("checkpoint {c}")).unwrap_or_else(|| "an empty start".into());
+                let why = if restore.skipped.is_empty() {
+                    "a newer checkpoint is missing, or the output belongs to another run".to_string()
+                } else {
+                    format!("newer checkpoint(s) {:?} do not verify", restore.skipped)
+                };
+                return Err(TaskError::State {
+                    uid: uid.clone(),
+                    message: format!(
+                        "this sink already committed output after {from} ({why}): restoring {from} would commit that output twice. Repair or restore the checkpoint files, use a fresh output, or run in at-least-once mode to accept duplicates"
+                    ),
+                });
+            }
         }
         let to_commit: Vec<S::Committable> = restored.into_values().collect();
-        faults.check(FaultPoint::SinkRecover)?;
-        sink.recover(&to_commit).map_err(err)?;
-        Ok(SinkEmit { uid, sink, uncommitted: BTreeMap::new(), faults, _t: std::marker::PhantomData })
+        Ok(SinkEmit {
+            uid,
+            sink,
+            uncommitted: BTreeMap::new(),
+            to_recover: Some(to_commit),
+            faults,
+            _t: std::marker::PhantomData,
+        })
     }
 }
 
@@ -109,6 +126,11 @@ impl<T: Send + 'static, S: Sink<T>> Emit<T> for SinkEmit<T, S> {
     #[inline]
     fn emit(&mut self, item: T) -> Result<(), TaskError> {
         self.sink.write(item).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })
+    }
+    fn on_start(&mut self) -> Result<(), TaskError> {
+        let to_commit = self.to_recover.take().expect("a sink starts once");
+        self.faults.check(FaultPoint::SinkRecover)?;
+        self.sink.recover(&to_commit).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })
     }
     fn flush(&mut self) -> Result<(), TaskError> {
         Ok(())
@@ -214,13 +236,36 @@ fn io_err(what: &str, p: &Path, e: std::io::Error) -> String {
     format!("{what} {}: {e}", p.display())
 }
 
+/// Make `from` visible as `to` without ever replacing an existing `to` (`AlreadyExists` then). Uses a
+/// hard link; on file systems without hard links, a rename after checking that `to` is absent (the
+/// sink is the only writer of its own names, so the check cannot race with another commit of them).
+fn publish_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+    match fs::hard_link(from, to) {
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::Unsupported | std::io::ErrorKind::PermissionDenied) => {
+            if to.exists() {
+                return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, "target exists"));
+            }
+            fs::rename(from, to)?;
+            // Renamed, not linked: the pending name is gone already; recreate nothing.
+            Ok(())
+        }
+        r => r,
+    }
+}
+
 /// Are `a` and `b` the same file (two links to one inode)?
+#[cfg(unix)]
 fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     match (fs::metadata(a), fs::metadata(b)) {
         (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
         _ => false,
     }
+}
+
+#[cfg(not(unix))]
+fn same_file(_a: &Path, _b: &Path) -> bool {
+    false
 }
 
 fn fsync_dir(p: &Path) -> Result<(), String> {
@@ -294,7 +339,7 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
             let from = self.pending_dir().join(&c.pending);
             let to = self.dir.join(&c.final_name);
             // Publish with a hard link, which never replaces an existing file, then drop the pending name.
-            match fs::hard_link(&from, &to) {
+            match publish_no_replace(&from, &to) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     if !same_file(&from, &to) {
@@ -315,7 +360,11 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
                 }
                 Err(e) => return Err(io_err("cannot commit", &from, e)),
             }
-            fs::remove_file(&from).map_err(|e| io_err("cannot remove committed pending file", &from, e))?;
+            match fs::remove_file(&from) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {} // published by rename
+                Err(e) => return Err(io_err("cannot remove committed pending file", &from, e)),
+            }
         }
         fsync_dir(&self.dir)
     }
@@ -326,7 +375,7 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
         }
     }
 
-    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> Result<bool, String> {
+    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> Result<Option<bool>, String> {
         let c = self.ctx.as_ref().expect("opened");
         let prefix = format!("part-{}-{}-", c.uid, c.subtask);
         let after = checkpoint.map(|c| c.0).unwrap_or(0);
@@ -335,10 +384,10 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
                 entry.map_err(|e| io_err("cannot list", &self.dir, e))?.file_name().to_string_lossy().into_owned();
             let id = name.strip_prefix(&prefix).filter(|r| r.len() == 12).and_then(|r| r.parse::<u64>().ok());
             if id.is_some_and(|id| id > after) {
-                return Ok(true);
+                return Ok(Some(true));
             }
         }
-        Ok(false)
+        Ok(Some(false))
     }
 }
 
@@ -367,8 +416,8 @@ impl<T: std::fmt::Display + Send + 'static> Sink<T> for PrintSink<T> {
         println!("{}{item}", self.prefix);
         Ok(())
     }
-    fn committed_after(&mut self, _c: Option<CheckpointId>) -> Result<bool, String> {
-        Ok(false) // at-least-once by nature
+    fn committed_after(&mut self, _c: Option<CheckpointId>) -> Result<Option<bool>, String> {
+        Ok(Some(false)) // at-least-once by nature
     }
     fn prepare(&mut self, _c: CheckpointId) -> Result<Option<()>, String> {
         Ok(None)
@@ -395,8 +444,8 @@ impl<T: Send + 'static> Sink<T> for DiscardSink {
         std::hint::black_box(item);
         Ok(())
     }
-    fn committed_after(&mut self, _c: Option<CheckpointId>) -> Result<bool, String> {
-        Ok(false) // keeps nothing
+    fn committed_after(&mut self, _c: Option<CheckpointId>) -> Result<Option<bool>, String> {
+        Ok(Some(false)) // keeps nothing
     }
     fn prepare(&mut self, _c: CheckpointId) -> Result<Option<()>, String> {
         Ok(None)
@@ -500,10 +549,12 @@ impl<T: std::fmt::Display + Send + 'static> Sink<T> for MemoryTxnSink {
     fn abort(&mut self) {
         self.open.clear();
     }
-    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> Result<bool, String> {
+    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> Result<Option<bool>, String> {
         let prefix = self.prefix();
         let s = self.store.lock().expect("store lock");
-        Ok(s.committed.iter().any(|(k, c, _)| k.starts_with(&prefix) && checkpoint.is_none_or(|after| *c > after)))
+        Ok(Some(
+            s.committed.iter().any(|(k, c, _)| k.starts_with(&prefix) && checkpoint.is_none_or(|after| *c > after)),
+        ))
     }
 }
 

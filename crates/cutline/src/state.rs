@@ -344,6 +344,9 @@ impl<K: Key, T: Send, S: StateValue, O: Send> Emit<T> for KeyedProcessOp<K, T, S
     fn on_cancel(&mut self) {
         self.next.on_cancel()
     }
+    fn on_start(&mut self) -> Result<(), TaskError> {
+        self.next.on_start()
+    }
 }
 
 /// The synchronous copy of keyed state taken at a barrier.

@@ -45,6 +45,7 @@ pub(crate) trait TaskBody: Send {
     fn on_end(&mut self) -> Result<(), TaskError>;
     fn on_complete(&mut self, c: CheckpointId) -> Result<(), TaskError>;
     fn flush(&mut self) -> Result<(), TaskError>;
+    fn on_start(&mut self) -> Result<(), TaskError>;
     fn on_cancel(&mut self);
 }
 
@@ -91,6 +92,9 @@ impl<T: Send + 'static> TaskBody for InputBody<T> {
     }
     fn flush(&mut self) -> Result<(), TaskError> {
         self.head.flush()
+    }
+    fn on_start(&mut self) -> Result<(), TaskError> {
+        self.head.on_start()
     }
     fn on_cancel(&mut self) {
         self.head.on_cancel()
@@ -144,6 +148,9 @@ impl<S: Source> TaskBody for SourceBody<S> {
     fn flush(&mut self) -> Result<(), TaskError> {
         self.chain.flush()
     }
+    fn on_start(&mut self) -> Result<(), TaskError> {
+        self.chain.on_start()
+    }
     fn on_cancel(&mut self) {
         self.chain.on_cancel()
     }
@@ -189,6 +196,7 @@ pub(crate) struct Task {
     ended: bool,
     last_completed: Option<CheckpointId>,
     finished: bool,
+    started: bool,
 }
 
 impl Task {
@@ -206,6 +214,7 @@ impl Task {
             ended: false,
             last_completed: None,
             finished: false,
+            started: false,
         }
     }
 
@@ -337,6 +346,14 @@ impl Task {
 
     pub fn cancel(&mut self) {
         self.body.on_cancel()
+    }
+
+    /// Run once, before anything else, after every task of the generation was built: restored sinks
+    /// finish the commits of the restored checkpoint and discard anything newer.
+    pub fn start(&mut self) -> Result<(), TaskError> {
+        assert!(!self.started, "{} started twice", self.name);
+        self.started = true;
+        self.body.on_start()
     }
 
     fn act(&mut self, action: AlignAction, env: &mut dyn TaskEnv) -> Result<(), TaskError> {

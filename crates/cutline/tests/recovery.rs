@@ -345,3 +345,74 @@ fn a_spawned_job_takes_new_checkpoint_settings_stops_on_request_and_resumes_exac
     assert!(again.restored_from.is_some());
     assert_eq!(committed(&out), expected());
 }
+
+/// The counting job with a sink of parallelism 2.
+fn counting_job_two_sinks(out: Arc<Mutex<MemoryTxnStore>>) -> JobGraph {
+    let job = Job::new("counting");
+    job.source_with_parallelism("numbers", 1, GeneratorSource::new(RECORDS, |i| i % KEYS))
+        .map(|k: u64| {
+            std::thread::sleep(Duration::from_micros(20));
+            k
+        })
+        .key_by(|k: &u64| *k)
+        .parallelism(2)
+        .aggregate("counts", || 0u64, |c, _k| *c += 1, |k, c| format!("{k}:{c}"))
+        .sink_with_parallelism("out", 2, MemoryTxnSink::new(out));
+    job.build().expect("valid job")
+}
+
+fn latest_complete_dir(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut complete: Vec<_> = std::fs::read_dir(dir.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("_MANIFEST").exists())
+        .collect();
+    complete.sort();
+    complete.pop().expect("a complete checkpoint")
+}
+
+#[test]
+fn a_deleted_latest_checkpoint_is_not_a_licence_to_commit_output_twice_regression_deleted() {
+    // The operator deleted the damaged checkpoint the refusal pointed at; the restore then fell back
+    // silently and committed its output again.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let graph = counting_job("counts", 2, out.clone());
+    let mut cfg = config(dir.path());
+    crash_late(&mut cfg, 400);
+    cutline::run(&graph, cfg).expect_err("stopped by the injected failure");
+    std::fs::remove_dir_all(latest_complete_dir(dir.path())).unwrap();
+    let before = committed(&out);
+    let err = cutline::run(&graph, config(dir.path())).expect_err("must refuse");
+    assert!(err.to_string().contains("commit that output twice"), "{err}");
+    assert_eq!(committed(&out), before);
+}
+
+#[test]
+fn a_refused_fallback_keeps_every_prepared_transaction_so_a_repair_restores_exactly_regression_partial() {
+    // Guards against: with two sink subtasks, the first recovered (discarding its newer prepared
+    // transactions) before the second refused; after the repair, the first one's output was lost.
+    // Every sink now answers `committed_after` before any recovers.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let graph = counting_job_two_sinks(out.clone());
+    let mut cfg = config(dir.path());
+    crash_late(&mut cfg, 400);
+    cutline::run(&graph, cfg).expect_err("stopped by the injected failure");
+    let latest = latest_complete_dir(dir.path());
+    let state = std::fs::read_dir(&latest)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "state"))
+        .unwrap();
+    let original = std::fs::read(&state).unwrap();
+    let mut damaged = original.clone();
+    let mid = damaged.len() / 2;
+    damaged[mid] ^= 0x40;
+    std::fs::write(&state, &damaged).unwrap();
+    let err = cutline::run(&graph, config(dir.path())).expect_err("refused: output after the fallback point");
+    assert!(err.to_string().contains("commit that output twice"), "{err}");
+    std::fs::write(&state, &original).unwrap(); // the repair
+    cutline::run(&graph, config(dir.path())).expect("the repaired checkpoint restores");
+    assert_eq!(committed(&out), expected());
+}
