@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the keyed COUNT+SUM benchmark matrix of BENCHMARKS.md and print medians and ratios.
 
-Usage: scripts/bench-matrix.py [--events N] [--keys K] [--reps R] [--parallelism 1,2] [--intervals off,1s,100ms]
+Usage: scripts/bench-matrix.py [--events N] [--keys K] [--reps R] [--parallelism 1,2] [--intervals off,1s,100ms] [--max-concurrent 1]
 
 Runs `target/release/cutline bench` (build it first: cargo build --release -p cutline) for every
 parallelism and interval, interleaving the intervals within each repetition so that drift in the
@@ -17,6 +17,7 @@ ap.add_argument("--keys", default="100000")
 ap.add_argument("--reps", type=int, default=5)
 ap.add_argument("--parallelism", default="1,2")
 ap.add_argument("--intervals", default="off,1s,100ms")
+ap.add_argument("--max-concurrent", default="1")
 a = ap.parse_args()
 exe = os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "release", "cutline")
 rows = []
@@ -24,7 +25,7 @@ for p in a.parallelism.split(","):
     for _ in range(a.reps):
         for i in a.intervals.split(","):
             out = subprocess.run([exe, "bench", "--events", a.events, "--keys", a.keys, "--parallelism", p,
-                                  "--checkpoint-interval", i], check=True, capture_output=True, text=True).stdout
+                                  "--checkpoint-interval", i, "--max-concurrent", a.max_concurrent], check=True, capture_output=True, text=True).stdout
             line = next(l for l in out.splitlines() if l.startswith("events="))
             print(line, flush=True)
             rows.append(dict(kv.split("=", 1) for kv in line.split()))

@@ -56,6 +56,9 @@ enum Cmd {
         /// Checkpoint interval (e.g. 100ms, 1s) or `off`.
         #[arg(long, default_value = "1s")]
         checkpoint_interval: String,
+        /// Checkpoints in flight at once.
+        #[arg(long, default_value_t = 1)]
+        max_concurrent: usize,
     },
 }
 
@@ -115,8 +118,8 @@ fn main() {
         Cmd::Demo { dir } => demo(dir),
         Cmd::Checkpoints { state } => list_checkpoints(&state),
         Cmd::Drill { seed, runs, sim_seeds } => drill(seed, runs, sim_seeds),
-        Cmd::Bench { events, keys, parallelism, checkpoint_interval } => {
-            bench(events, keys, parallelism, &checkpoint_interval)
+        Cmd::Bench { events, keys, parallelism, checkpoint_interval, max_concurrent } => {
+            bench(events, keys, parallelism, &checkpoint_interval, max_concurrent)
         }
     };
     if let Err(e) = result {
@@ -359,7 +362,7 @@ fn drill(seed: u64, runs: u64, sim_seeds: u64) -> Result<()> {
     Ok(())
 }
 
-fn bench(events: u64, keys: u64, parallelism: u32, interval: &str) -> Result<()> {
+fn bench(events: u64, keys: u64, parallelism: u32, interval: &str, max_concurrent: usize) -> Result<()> {
     let interval_ms = parse_interval(interval)?;
     if keys == 0 || parallelism == 0 {
         bail!("--keys and --parallelism must be positive");
@@ -373,6 +376,8 @@ fn bench(events: u64, keys: u64, parallelism: u32, interval: &str) -> Result<()>
     let graph = cutline::jobs::keyed_bench(events, keys, parallelism).build()?;
     let mut cfg = RunConfig::new(store, "bench");
     cfg.checkpoint.interval_ms = interval_ms;
+    cfg.checkpoint.max_concurrent = max_concurrent;
+    cfg.checkpoint.validate().map_err(anyhow::Error::msg)?;
     cfg.restart = cutline::RestartStrategy::None;
     let start = Instant::now();
     let report = cutline::run(&graph, cfg);
@@ -392,7 +397,7 @@ fn bench(events: u64, keys: u64, parallelism: u32, interval: &str) -> Result<()>
     let col = |f: &dyn Fn(&cutline::CheckpointSummary) -> u64| periodic.iter().map(|c| f(c)).collect::<Vec<u64>>();
     let d = col(&|c| c.duration_ms);
     println!(
-        "events={events} keys={keys} parallelism={parallelism} interval={interval} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_p99_ms={} alignment_p99_ms={} start_delay_p99_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} state_bytes={}",
+        "events={events} keys={keys} parallelism={parallelism} interval={interval} max_concurrent={max_concurrent} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_p99_ms={} alignment_p99_ms={} start_delay_p99_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} state_bytes={}",
         events as f64 / secs,
         d.len(),
         pct(&d, 0.5),
