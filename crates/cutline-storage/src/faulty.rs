@@ -134,4 +134,8 @@ impl<S: CheckpointStore> CheckpointStore for FaultyStore<S> {
     fn describe(&self) -> String {
         format!("{} (with injected faults)", self.inner.describe())
     }
+
+    fn lock(&self) -> Result<crate::StoreLock, StorageError> {
+        self.inner.lock()
+    }
 }

@@ -22,7 +22,7 @@ pub use format::{decode_frame, encode_frame, FileKind, FORMAT_VERSION};
 pub use local::LocalDirStore;
 pub use manifest::{JobMeta, Manifest, TaskStateHandle};
 pub use mem::MemStore;
-pub use store::{CheckpointListing, CheckpointStore, GcReport};
+pub use store::{CheckpointListing, CheckpointStore, GcReport, StoreLock};
 
 #[cfg(test)]
 mod tests;

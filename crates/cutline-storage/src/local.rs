@@ -125,6 +125,21 @@ fn sync_dir(dir: &Path) -> Result<(), StorageError> {
 }
 
 impl Files for LocalDirStore {
+    fn lock(&self) -> Result<crate::StoreLock, StorageError> {
+        let path = self.root.join("LOCK");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| StorageError::io(&path, "open lock file", e))?;
+        match file.try_lock() {
+            Ok(()) => Ok(crate::StoreLock::holding(file)),
+            Err(fs::TryLockError::WouldBlock) => Err(StorageError::Locked { path: self.root.clone() }),
+            Err(fs::TryLockError::Error(e)) => Err(StorageError::io(&path, "lock", e)),
+        }
+    }
+
     fn display_path(&self, rel: &str) -> PathBuf {
         self.full(rel)
     }

@@ -83,6 +83,13 @@ pub trait CheckpointStore: Send + Sync {
     /// Where the store lives, for messages.
     fn describe(&self) -> String;
 
+    /// Take the store for one running job, for as long as the returned guard lives:
+    /// [`StorageError::Locked`] if another process holds it. Stores that other processes cannot reach
+    /// (memory) hand out a guard that locks nothing.
+    fn lock(&self) -> Result<StoreLock, StorageError> {
+        Ok(StoreLock::none())
+    }
+
     /// The highest checkpoint id of any directory, complete or not: new ids must be above it.
     fn max_checkpoint_id_seen(&self) -> Result<Option<CheckpointId>, StorageError> {
         Ok(self.list_checkpoints()?.last().map(|l| l.id))
@@ -91,6 +98,21 @@ pub trait CheckpointStore: Send + Sync {
     /// The highest id of a complete checkpoint.
     fn latest_complete(&self) -> Result<Option<CheckpointId>, StorageError> {
         Ok(self.list_checkpoints()?.iter().rev().find(|l| l.complete).map(|l| l.id))
+    }
+}
+
+/// Holds a store for one running job until dropped (see [`CheckpointStore::lock`]).
+#[derive(Debug)]
+pub struct StoreLock {
+    _file: Option<std::fs::File>,
+}
+
+impl StoreLock {
+    pub(crate) fn none() -> StoreLock {
+        StoreLock { _file: None }
+    }
+    pub(crate) fn holding(file: std::fs::File) -> StoreLock {
+        StoreLock { _file: Some(file) }
     }
 }
 
@@ -194,6 +216,10 @@ pub(crate) struct Entry {
 /// The primitives a store backend provides. Paths are relative to the root and '/'-separated; `""` is
 /// the root. Absent files and directories are not errors.
 pub(crate) trait Files: Send + Sync {
+    /// See [`CheckpointStore::lock`].
+    fn lock(&self) -> Result<StoreLock, StorageError> {
+        Ok(StoreLock::none())
+    }
     /// The path to show in errors.
     fn display_path(&self, rel: &str) -> PathBuf;
     fn read(&self, rel: &str) -> Result<Option<Vec<u8>>, StorageError>;
@@ -270,6 +296,9 @@ macro_rules! impl_checkpoint_store {
             }
             fn describe(&self) -> String {
                 $crate::store::Files::describe(self)
+            }
+            fn lock(&self) -> Result<$crate::StoreLock, $crate::StorageError> {
+                $crate::store::Files::lock(self)
             }
         }
     };

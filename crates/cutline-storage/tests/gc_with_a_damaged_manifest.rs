@@ -27,3 +27,15 @@ fn gc_keeps_a_retained_checkpoint_whose_manifest_is_damaged_whole() {
     assert!(store.verify(CheckpointId(3)).is_err());
     store.verify(CheckpointId(2)).unwrap();
 }
+
+#[test]
+fn a_local_store_is_held_by_one_job_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = cutline_storage::LocalDirStore::open(dir.path()).unwrap();
+    let b = cutline_storage::LocalDirStore::open(dir.path()).unwrap();
+    let held = a.lock().unwrap();
+    let err = b.lock().expect_err("a second holder is refused");
+    assert!(matches!(err, cutline_storage::StorageError::Locked { .. }), "{err}");
+    drop(held);
+    b.lock().expect("free again once the first guard is dropped");
+}

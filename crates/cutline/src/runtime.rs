@@ -380,6 +380,8 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
 
 fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> Result<JobReport, RunError> {
     cfg.validate()?;
+    // One running job per store: a second process on the same state directory is refused.
+    let _lock = cfg.store.lock()?;
     let started = Instant::now();
     let store = cfg.store.clone();
     let start = match prepare_start(&*store, &cfg.job_fingerprint)? {

@@ -97,10 +97,19 @@ fn a_corrupt_latest_checkpoint_falls_back_to_the_previous_one_and_output_stays_e
     assert_eq!(committed(&out), expected());
 }
 
-/// Fails once at the `n`-th batch, after which the job restarts; then the run goes on to the end.
+/// Fails once, at the first batch after the `n`-th sink commit (so committed output exists), and does
+/// not restart.
 fn crash_late(cfg: &mut RunConfig, n: u64) {
-    let count = Arc::new(AtomicU64::new(0));
-    cfg.faults = Faults::new(move |p| p == FaultPoint::ProcessBatch && count.fetch_add(1, Ordering::SeqCst) + 1 == n);
+    let commits = Arc::new(AtomicU64::new(0));
+    let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    cfg.faults = Faults::new(move |p| match p {
+        FaultPoint::SinkCommit => {
+            commits.fetch_add(1, Ordering::SeqCst);
+            false
+        }
+        FaultPoint::ProcessBatch => commits.load(Ordering::SeqCst) >= n && !fired.swap(true, Ordering::SeqCst),
+        _ => false,
+    });
     cfg.restart = RestartStrategy::None;
 }
 
@@ -112,7 +121,7 @@ fn falling_back_past_committed_output_is_refused_in_exactly_once_mode() {
     let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
     let graph = counting_job("counts", 2, out.clone());
     let mut cfg = config(dir.path());
-    crash_late(&mut cfg, 400);
+    crash_late(&mut cfg, 3);
     cutline::run(&graph, cfg).expect_err("stopped by the injected failure");
     flip_a_byte_of_the_latest_state_file(dir.path());
     let before = committed(&out);
@@ -128,7 +137,7 @@ fn falling_back_in_at_least_once_mode_keeps_every_record() {
     let graph = counting_job("counts", 2, out.clone());
     let mut cfg = config(dir.path());
     cfg.checkpoint.mode = cutline::CheckpointMode::AtLeastOnce;
-    crash_late(&mut cfg, 400);
+    crash_late(&mut cfg, 3);
     cutline::run(&graph, cfg).expect_err("stopped by the injected failure");
     flip_a_byte_of_the_latest_state_file(dir.path());
     let mut again = config(dir.path());
@@ -196,7 +205,7 @@ fn one_failure_at_every_protocol_step_then_restore_gives_exact_output() {
         FaultPoint::SinkRecover,
     ];
     for point in points {
-        for nth in [1u64, 2, 5] {
+        for nth in [1u64, 2, 4] {
             let dir = tempfile::tempdir().unwrap();
             let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
             let graph = counting_job("counts", 2, out.clone());
@@ -379,7 +388,7 @@ fn a_deleted_latest_checkpoint_is_not_a_licence_to_commit_output_twice_regressio
     let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
     let graph = counting_job("counts", 2, out.clone());
     let mut cfg = config(dir.path());
-    crash_late(&mut cfg, 400);
+    crash_late(&mut cfg, 3);
     cutline::run(&graph, cfg).expect_err("stopped by the injected failure");
     std::fs::remove_dir_all(latest_complete_dir(dir.path())).unwrap();
     let before = committed(&out);
@@ -397,7 +406,7 @@ fn a_refused_fallback_keeps_every_prepared_transaction_so_a_repair_restores_exac
     let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
     let graph = counting_job_two_sinks(out.clone());
     let mut cfg = config(dir.path());
-    crash_late(&mut cfg, 400);
+    crash_late(&mut cfg, 3);
     cutline::run(&graph, cfg).expect_err("stopped by the injected failure");
     let latest = latest_complete_dir(dir.path());
     let state = std::fs::read_dir(&latest)
@@ -414,5 +423,18 @@ fn a_refused_fallback_keeps_every_prepared_transaction_so_a_repair_restores_exac
     assert!(err.to_string().contains("commit that output twice"), "{err}");
     std::fs::write(&state, &original).unwrap(); // the repair
     cutline::run(&graph, config(dir.path())).expect("the repaired checkpoint restores");
+    assert_eq!(committed(&out), expected());
+}
+
+#[test]
+fn a_second_run_on_a_state_directory_in_use_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let graph = counting_job("counts", 2, out.clone());
+    let running = cutline::spawn(graph.clone(), config(dir.path()));
+    std::thread::sleep(Duration::from_millis(20));
+    let err = cutline::run(&graph, config(dir.path())).expect_err("the directory is in use");
+    assert!(err.to_string().contains("another process is running a job"), "{err}");
+    running.join().expect("the first run is unaffected");
     assert_eq!(committed(&out), expected());
 }
