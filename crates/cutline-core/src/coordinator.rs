@@ -110,6 +110,18 @@ pub enum AbortReason {
     FailOver,
 }
 
+impl std::fmt::Display for AbortReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AbortReason::Timeout { missing } => write!(f, "timed out waiting for {missing:?}"),
+            AbortReason::Declined { task, reason } => write!(f, "declined by {task}: {reason}"),
+            AbortReason::ManifestFailed(r) => write!(f, "manifest write failed: {r}"),
+            AbortReason::Subsumed { by } => write!(f, "subsumed by {by}"),
+            AbortReason::FailOver => f.write_str("aborted by a failover"),
+        }
+    }
+}
+
 impl AbortReason {
     /// Does this abort count against [`CheckpointConfig::tolerable_failures`]?
     pub fn counts_as_failure(&self) -> bool {
@@ -524,6 +536,7 @@ impl<R: Clone> Coordinator<R> {
         self.record(p.barrier, now, Outcome::Aborted(reason.clone()), slowest, p.acks.len());
         self.last_end_at = Some(now);
         let counts = reason.counts_as_failure();
+        let last = if counts { reason.to_string() } else { String::new() };
         out.push(Decision::Abort { checkpoint: id, reason });
         if counts {
             self.failed_count += 1;
@@ -535,7 +548,10 @@ impl<R: Clone> Coordinator<R> {
                 let n = self.consecutive_failures;
                 self.fail_over(
                     now,
-                    format!("{n} consecutive checkpoint failures (tolerable: {})", self.config.tolerable_failures),
+                    format!(
+                        "{n} consecutive checkpoint failures (tolerable: {}); the last: checkpoint {id} {last}",
+                        self.config.tolerable_failures
+                    ),
                     out,
                 );
             }

@@ -85,7 +85,7 @@ pub enum StorageError {
     DiscardComplete(CheckpointId),
     #[error("injected failure at {0} (failure drill); retry the operation")]
     Injected(String),
-    #[error("another process is running a job on {path} (it holds the lock file there): stop it first, or use another state directory")]
+    #[error("another run is using {path} (in this process or another; it holds the lock there): stop it first, or use another state directory")]
     Locked { path: PathBuf },
 }
 

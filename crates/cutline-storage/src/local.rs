@@ -134,7 +134,7 @@ impl Files for LocalDirStore {
             .open(&path)
             .map_err(|e| StorageError::io(&path, "open lock file", e))?;
         match file.try_lock() {
-            Ok(()) => Ok(crate::StoreLock::holding(file)),
+            Ok(()) => Ok(crate::StoreLock::holding(Box::new(file))),
             Err(fs::TryLockError::WouldBlock) => Err(StorageError::Locked { path: self.root.clone() }),
             Err(fs::TryLockError::Error(e)) => Err(StorageError::io(&path, "lock", e)),
         }

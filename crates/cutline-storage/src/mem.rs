@@ -13,6 +13,17 @@ use std::sync::{Mutex, MutexGuard};
 #[derive(Debug, Default)]
 pub struct MemStore {
     files: Mutex<BTreeMap<String, Vec<u8>>>,
+    /// Held by the one run using this store (see `CheckpointStore::lock`).
+    held: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Releases a [`MemStore`] when the run holding it ends.
+struct MemLock(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for MemLock {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl MemStore {
@@ -61,6 +72,13 @@ fn dir_prefix(dir: &str) -> String {
 }
 
 impl Files for MemStore {
+    fn lock(&self) -> Result<crate::StoreLock, StorageError> {
+        if self.held.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(StorageError::Locked { path: "(memory store)".into() });
+        }
+        Ok(crate::StoreLock::holding(Box::new(MemLock(self.held.clone()))))
+    }
+
     fn display_path(&self, rel: &str) -> PathBuf {
         PathBuf::from(format!("mem:{rel}"))
     }

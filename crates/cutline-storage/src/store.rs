@@ -102,17 +102,23 @@ pub trait CheckpointStore: Send + Sync {
 }
 
 /// Holds a store for one running job until dropped (see [`CheckpointStore::lock`]).
-#[derive(Debug)]
 pub struct StoreLock {
-    _file: Option<std::fs::File>,
+    _held: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl std::fmt::Debug for StoreLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self._held.is_some() { "StoreLock(held)" } else { "StoreLock(none)" })
+    }
 }
 
 impl StoreLock {
     pub(crate) fn none() -> StoreLock {
-        StoreLock { _file: None }
+        StoreLock { _held: None }
     }
-    pub(crate) fn holding(file: std::fs::File) -> StoreLock {
-        StoreLock { _file: Some(file) }
+    /// Holds the store until `guard` is dropped (a locked file, an in-memory flag).
+    pub(crate) fn holding(guard: Box<dyn std::any::Any + Send>) -> StoreLock {
+        StoreLock { _held: Some(guard) }
     }
 }
 

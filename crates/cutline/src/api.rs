@@ -398,6 +398,7 @@ impl<T: Send + 'static> Stream<T> {
                     subtask: ctx.subtask,
                     parallelism: ctx.parallelism,
                     incarnation: ctx.incarnation,
+                    job: ctx.job_id.clone(),
                 };
                 let sink = proto.lock().expect("sink prototype").clone();
                 let emit = SinkEmit::open(sink, sctx, ctx.restore, ctx.faults.clone())?;

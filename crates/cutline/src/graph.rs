@@ -22,6 +22,7 @@ pub(crate) struct StageCtx<'a> {
     pub faults: Faults,
     /// Unique for every incarnation of every task of this job, across restarts and processes.
     pub incarnation: u64,
+    pub job_id: String,
     pub batch_size: usize,
     /// Per input edge, in the stage's input order: a boxed `Vec<Receiver<Message<T>>>`.
     pub inputs: Vec<Box<dyn Any + Send>>,
@@ -136,6 +137,8 @@ pub(crate) struct DeployOptions<'a> {
     pub faults: Faults,
     /// Base of the task incarnation numbers of this deployment (unique per generation and process).
     pub incarnation_base: u64,
+    /// Short id of the job (see `SinkContext::job`).
+    pub job_id: String,
     pub batch_size: usize,
     pub channel_capacity: Option<usize>,
 }
@@ -199,6 +202,7 @@ impl JobGraph {
                     restore: opts.restore,
                     faults: opts.faults.clone(),
                     incarnation: opts.incarnation_base + next_id as u64,
+                    job_id: opts.job_id.clone(),
                     batch_size: opts.batch_size,
                     inputs,
                     output,

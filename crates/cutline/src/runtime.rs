@@ -101,8 +101,10 @@ pub enum RunError {
         "the checkpoints in {store} belong to job {found:?}, not {expected:?}: use another state directory (--state)"
     )]
     WrongJob { store: String, found: String, expected: String },
+    // Not marked as the error's source: the message already carries it, and error reporters that
+    // print the source chain would say it twice.
     #[error("checkpoint storage: {0}")]
-    Storage(#[from] StorageError),
+    Storage(StorageError),
     #[error("cannot restore checkpoint {checkpoint}: {reason}")]
     Restore { checkpoint: CheckpointId, reason: String },
     #[error("the job failed and the restart strategy gave up after {attempts} restart(s); last failure: {last}")]
@@ -111,6 +113,16 @@ pub enum RunError {
     Deploy(TaskError),
     #[error("cannot start a thread ({0}): raise the process or thread limit, or lower the parallelism")]
     Spawn(std::io::Error),
+    #[error("{0} (a bug in cutline: please report it with the job that triggers it)")]
+    Internal(String),
+    #[error("the {what} file in {store} is damaged ({reason}): {advice}")]
+    Damaged { what: &'static str, store: String, reason: String, advice: &'static str },
+}
+
+impl From<StorageError> for RunError {
+    fn from(e: StorageError) -> Self {
+        RunError::Storage(e)
+    }
 }
 
 /// What a finished run reports.
@@ -196,6 +208,11 @@ impl TaskEnv for RtEnv {
     fn task_finished(&mut self, task: TaskId) {
         let _ = self.events.send(RtEvent::Coord(Event::TaskFinished { generation: self.generation, task }));
     }
+}
+
+/// The short job id sinks put in their transaction names.
+pub(crate) fn job_id(fingerprint: &str) -> String {
+    format!("{:016x}", crate::state::stable_hash(fingerprint))
 }
 
 fn unix_ms() -> u64 {
@@ -294,7 +311,19 @@ pub(crate) enum Start {
 /// already finished, start a new generation and a new epoch lease above everything issued before, and
 /// clear partial attempts of the previous process.
 pub(crate) fn prepare_start(store: &dyn CheckpointStore, fingerprint: &str) -> Result<Start, RunError> {
-    let meta = store.read_meta()?;
+    let damaged = |what: &'static str, advice: &'static str| {
+        move |e: StorageError| {
+            if e.is_corruption() {
+                RunError::Damaged { what, store: store.describe(), reason: e.to_string(), advice }
+            } else {
+                RunError::Storage(e)
+            }
+        }
+    };
+    let meta = store.read_meta().map_err(damaged(
+        "job.meta",
+        "it names the job and its epoch lease; restore it from a backup, or start the job on a fresh state directory",
+    ))?;
     if let Some(m) = &meta {
         if m.job_fingerprint != fingerprint {
             return Err(RunError::WrongJob {
@@ -304,7 +333,10 @@ pub(crate) fn prepare_start(store: &dyn CheckpointStore, fingerprint: &str) -> R
             });
         }
     }
-    if let Some(c) = store.finished()? {
+    if let Some(c) = store
+        .finished()
+        .map_err(damaged("FINISHED", "delete it: the job then resumes from its latest checkpoint and finishes again"))?
+    {
         return Ok(Start::AlreadyFinished(c));
     }
     // Epochs: above the durable lease and above anything in storage, for the whole life of the job.
@@ -356,7 +388,7 @@ impl JobHandle {
     pub fn join(self) -> Result<JobReport, RunError> {
         match self.thread.join() {
             Ok(r) => r,
-            Err(p) => std::panic::resume_unwind(p),
+            Err(p) => Err(RunError::Internal(format!("the job's coordinator panicked: {}", panic_message(&*p)))),
         }
     }
 }
@@ -431,6 +463,7 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
             restore: &index,
             faults: cfg.faults.clone(),
             incarnation_base: generation.0 << 32,
+            job_id: job_id(&cfg.job_fingerprint),
             batch_size: cfg.batch_size,
             channel_capacity: Some(cfg.channel_capacity),
         };

@@ -368,6 +368,7 @@ impl Sim {
                 restore: &index,
                 faults: faults.clone(),
                 incarnation_base: generation.0 << 32,
+                job_id: crate::runtime::job_id(FINGERPRINT),
                 batch_size: cfg.batch_size,
                 channel_capacity: None,
             };

@@ -31,6 +31,9 @@ pub struct SinkContext {
     pub parallelism: u32,
     /// Unique for every incarnation of the task, across restarts and processes.
     pub incarnation: u64,
+    /// A short id of the job (a hash of its fingerprint): sinks of different jobs writing to one place
+    /// must never take each other's transactions for their own.
+    pub job: String,
 }
 
 /// A two-phase-commit sink. See the module docs for the contract.
@@ -191,6 +194,9 @@ pub struct TransactionalFileSink<T> {
 pub struct PendingFile {
     pub pending: String,
     pub final_name: String,
+    /// (device, inode) of the prepared file: a link or rename keeps it, so a commit can tell its own
+    /// committed file from another run's file of the same name.
+    pub file_id: Option<(u64, u64)>,
 }
 
 pub(crate) const PENDING_DIR: &str = ".pending";
@@ -214,8 +220,9 @@ impl<T> TransactionalFileSink<T> {
 
     fn prefix(&self) -> String {
         let c = self.ctx.as_ref().expect("opened");
-        // '@' cannot occur in a uid, so no sink's prefix is a prefix of another sink's names.
-        format!("{}@{}@", c.uid, c.subtask)
+        // '@' cannot occur in a uid or the job id, so no sink's prefix is a prefix of another sink's
+        // names, nor of the names of the same sink in another job.
+        format!("{}@{}@{}@", c.uid, c.subtask, c.job)
     }
 }
 
@@ -251,6 +258,18 @@ fn publish_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
         }
         r => r,
     }
+}
+
+/// (device, inode) of a file, where the platform has them.
+#[cfg(unix)]
+fn file_id(p: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+#[cfg(not(unix))]
+fn file_id(_p: &Path) -> Option<(u64, u64)> {
+    None
 }
 
 /// Are `a` and `b` the same file (two links to one inode)?
@@ -325,9 +344,11 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
         // The file's directory entry must survive a power loss too: the checkpoint will refer to it.
         fsync_dir(&self.pending_dir())?;
         let c = self.ctx.as_ref().expect("opened");
+        let file_id = file_id(&self.pending_dir().join(&name));
         Ok(Some(PendingFile {
             pending: name,
             final_name: format!("part-{}-{}-{:012}", c.uid, c.subtask, checkpoint.0),
+            file_id,
         }))
     }
 
@@ -351,7 +372,17 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
                     }
                     // A commit interrupted between the link and the unlink: finish it.
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && to.exists() => continue, // committed before
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && to.exists() => {
+                    // Committed before, if `to` is this transaction's file and not another run's.
+                    if c.file_id.is_some() && file_id(&to) != c.file_id {
+                        return Err(format!(
+                            "the pending file of transaction {} is gone and {} is another file: another run shares the output directory; use one output directory per job",
+                            c.pending,
+                            to.display()
+                        ));
+                    }
+                    continue;
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     return Err(format!(
                         "committed output {} and its pending file are both gone: part-* files must not be moved or deleted while the job can still restore a checkpoint that lists them ({e})",
@@ -497,8 +528,9 @@ impl MemoryTxnSink {
     }
     fn prefix(&self) -> String {
         let c = self.ctx.as_ref().expect("opened");
-        // '@' cannot occur in a uid, so no sink's prefix is a prefix of another sink's names.
-        format!("{}@{}@", c.uid, c.subtask)
+        // '@' cannot occur in a uid or the job id, so no sink's prefix is a prefix of another sink's
+        // names, nor of the names of the same sink in another job.
+        format!("{}@{}@{}@", c.uid, c.subtask, c.job)
     }
 }
 
@@ -563,7 +595,7 @@ mod tests {
     use super::*;
 
     fn ctx(uid: &str, subtask: u32, incarnation: u64) -> SinkContext {
-        SinkContext { uid: uid.into(), subtask, parallelism: 2, incarnation }
+        SinkContext { uid: uid.into(), subtask, parallelism: 2, incarnation, job: "j1".into() }
     }
 
     fn line_sink(dir: &Path) -> TransactionalFileSink<String> {
@@ -618,7 +650,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut s = line_sink(dir.path());
         s.open(&ctx("out", 0, 1)).unwrap();
-        let ghost = PendingFile { pending: "out@0@1-0.pending".into(), final_name: "part-out-0-000000000001".into() };
+        let ghost = PendingFile {
+            pending: "out@0@j1@1-0.pending".into(),
+            final_name: "part-out-0-000000000001".into(),
+            file_id: None,
+        };
         assert!(s.commit(&[ghost]).is_err());
     }
 
@@ -649,5 +685,30 @@ mod tests {
         s.commit(std::slice::from_ref(&c)).unwrap();
         assert!(!dir.path().join(PENDING_DIR).join(&c.pending).exists());
         assert_eq!(std::fs::read_to_string(dir.path().join(&c.final_name)).unwrap(), "x\n");
+    }
+
+    #[test]
+    fn two_jobs_sharing_an_output_directory_never_take_each_others_transactions_regression_shared_output() {
+        // Job A started while job B had an open transaction in the same directory: A's recovery
+        // deleted B's pending file, and B's commit took A's part file of the same name for its own.
+        let dir = tempfile::tempdir().unwrap();
+        let job =
+            |j: &str| SinkContext { uid: "output".into(), subtask: 0, parallelism: 1, incarnation: 1, job: j.into() };
+        let mut b = line_sink(dir.path());
+        b.open(&job("b")).unwrap();
+        b.write("from b".into()).unwrap();
+        let mut a = line_sink(dir.path());
+        a.open(&job("a")).unwrap();
+        a.recover(&[]).unwrap(); // must not touch b's open transaction
+        a.write("from a".into()).unwrap();
+        let ca = a.prepare(CheckpointId(1)).unwrap().unwrap();
+        a.commit(&[ca]).unwrap();
+        let cb = b.prepare(CheckpointId(1)).unwrap().expect("b's transaction survived a's recovery");
+        let err = b.commit(&[cb.clone()]).expect_err("a's file of the same name is not b's transaction");
+        assert!(err.contains("another run"), "{err}");
+        // And if b's pending file is gone, a's file is still not taken for b's.
+        std::fs::remove_file(dir.path().join(PENDING_DIR).join(&cb.pending)).unwrap();
+        assert!(b.commit(&[cb]).is_err());
+        assert_eq!(std::fs::read_to_string(dir.path().join("part-output-0-000000000001")).unwrap(), "from a\n");
     }
 }

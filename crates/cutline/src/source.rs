@@ -34,6 +34,9 @@ pub trait Source: Send + 'static {
     fn offset(&self) -> Self::Offset;
 }
 
+/// The longest line a [`LineFileSource`] reads (lines are read whole, and a barrier goes between lines).
+pub const MAX_LINE_BYTES: u64 = 64 << 20;
+
 /// Lines of a text file, split across subtasks by line number (`line % parallelism == subtask`);
 /// replayable by byte offset. Lines are read as UTF-8 (invalid bytes replaced).
 pub struct LineFileSource {
@@ -100,8 +103,16 @@ impl Source for LineFileSource {
         let mut produced = 0;
         while produced < max {
             self.buf.clear();
-            let n =
-                reader.read_until(b'\n', &mut self.buf).map_err(|e| format!("reading {}: {e}", self.path.display()))?;
+            let n = std::io::Read::take(&mut *reader, MAX_LINE_BYTES + 1)
+                .read_until(b'\n', &mut self.buf)
+                .map_err(|e| format!("reading {}: {e}", self.path.display()))?;
+            if n as u64 > MAX_LINE_BYTES {
+                return Err(format!(
+                    "line {} of {} is longer than {MAX_LINE_BYTES} bytes: lines are read whole; split the input",
+                    self.state.line + 1,
+                    self.path.display()
+                ));
+            }
             if n == 0 {
                 return Ok(if produced > 0 { SourceStatus::More } else { SourceStatus::Finished });
             }

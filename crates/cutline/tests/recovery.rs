@@ -434,7 +434,7 @@ fn a_second_run_on_a_state_directory_in_use_is_refused() {
     let running = cutline::spawn(graph.clone(), config(dir.path()));
     std::thread::sleep(Duration::from_millis(20));
     let err = cutline::run(&graph, config(dir.path())).expect_err("the directory is in use");
-    assert!(err.to_string().contains("another process is running a job"), "{err}");
+    assert!(err.to_string().contains("another run is using"), "{err}");
     running.join().expect("the first run is unaffected");
     assert_eq!(committed(&out), expected());
 }

@@ -151,22 +151,22 @@ fn wordcount_config(
     if parallelism == 0 {
         bail!("--parallelism must be at least 1");
     }
-    std::fs::File::open(input).with_context(|| format!("cannot read input {}", input.display()))?;
-    if std::fs::metadata(input)?.is_dir() {
-        bail!("input {} is a directory, not a file", input.display());
+    let meta = std::fs::metadata(input).with_context(|| format!("cannot read input {}", input.display()))?;
+    if !meta.is_file() {
+        bail!(
+            "input {} is not a regular file (a directory, pipe or device): the source rewinds it by byte offset after a failure, so it must be a file",
+            input.display()
+        );
     }
+    std::fs::File::open(input).with_context(|| format!("cannot read input {}", input.display()))?;
     let input_abs = std::fs::canonicalize(input)?;
     // The output's absolute path names the job: refuse another job's state before creating anything.
-    let output_abs = match output.parent().filter(|p| !p.as_os_str().is_empty()) {
-        Some(parent) => std::fs::canonicalize(parent)
-            .with_context(|| format!("the parent of output directory {} does not exist", output.display()))?
-            .join(output.file_name().context("output must name a directory")?),
-        None => std::env::current_dir()?.join(output),
-    };
+    let output_abs = std::path::absolute(output)
+        .with_context(|| format!("cannot make output path {} absolute", output.display()))?;
     let fingerprint = format!("wordcount input={} output={}", input_abs.display(), output_abs.display());
     if state.join("job.meta").exists() {
-        let store =
-            LocalDirStore::open(state).with_context(|| format!("cannot open state directory {}", state.display()))?;
+        let store = LocalDirStore::open_existing(state)
+            .with_context(|| format!("cannot open state directory {}", state.display()))?;
         if let Some(m) = store.read_meta()? {
             if m.job_fingerprint != fingerprint {
                 bail!(
@@ -178,8 +178,7 @@ fn wordcount_config(
             }
         }
     }
-    check_writable_dir(output, "output")?;
-    check_writable_dir(state, "state")?;
+    // Build (and so validate) the job before creating any directory.
     let graph = cutline::jobs::wordcount_paced(
         &input_abs,
         parallelism,
@@ -187,6 +186,8 @@ fn wordcount_config(
         line_delay_us,
     )
     .build()?;
+    check_writable_dir(output, "output")?;
+    check_writable_dir(state, "state")?;
     let store = Arc::new(
         LocalDirStore::open(state).with_context(|| format!("cannot open state directory {}", state.display()))?,
     );
@@ -239,8 +240,10 @@ fn list_checkpoints(state: &Path) -> Result<()> {
         Some(m) => println!("job: {}\ngeneration: {}", m.job_fingerprint, m.generation.0),
         None => println!("no job has run in {}", state.display()),
     }
-    if let Some(f) = store.finished()? {
-        println!("finished with checkpoint {}", f.0);
+    match store.finished() {
+        Ok(Some(f)) => println!("finished with checkpoint {}", f.0),
+        Ok(None) => {}
+        Err(e) => println!("WARNING: the FINISHED marker is damaged ({e}); delete it to let the job resume"),
     }
     println!("{:>8}  {:<24}  {:>12}  {:>5}  {:<6}  verified", "id", "time (UTC)", "bytes", "tasks", "final");
     let mut bad = 0;
@@ -258,6 +261,13 @@ fn list_checkpoints(state: &Path) -> Result<()> {
                 if m.is_final { "yes" } else { "no" }
             ),
             Err(e) => {
+                // Retention may remove a checkpoint between the listing and the verification (a job is
+                // running): that is not damage.
+                let still_there = store.list_checkpoints()?.iter().any(|x| x.id == l.id && x.complete);
+                if !still_there {
+                    println!("{:>8}  removed by retention while listing", l.id.0);
+                    continue;
+                }
                 bad += 1;
                 println!("{:>8}  {:<24}  {:>12}  {:>5}  {:<6}  FAILED: {e}", l.id.0, "?", "?", "?", "?");
             }
