@@ -239,6 +239,40 @@ pub(crate) fn discard(store: &dyn CheckpointStore, checkpoint: CheckpointId, pla
     }
 }
 
+/// The coordinator for a freshly deployed generation: created on the first deploy of a run, restarted
+/// (its pending checkpoints aborted and their artifacts discarded) on every later one.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn coordinator_for<'a>(
+    slot: &'a mut Option<Coordinator<AckReport>>,
+    config: &cutline_core::coordinator::CheckpointConfig,
+    generation: Generation,
+    deployed: &[DeployedTask],
+    epochs: (CheckpointId, CheckpointId),
+    restored: Option<CheckpointId>,
+    now: TimeMs,
+    store: &dyn CheckpointStore,
+    plane: &dyn ControlPlane,
+) -> &'a mut Coordinator<AckReport> {
+    let ids: Vec<TaskId> = deployed.iter().map(|d| d.task.id).collect();
+    let sources: Vec<TaskId> = deployed.iter().filter(|d| d.task.is_source()).map(|d| d.task.id).collect();
+    let (first, lease_end) = epochs;
+    match slot {
+        None => {
+            slot.insert(Coordinator::new(config.clone(), generation, ids, sources, first, lease_end, restored, now))
+        }
+        Some(c) => {
+            let mut out = Vec::new();
+            c.restart(generation, ids, sources, restored, now, &mut out);
+            for d in out {
+                if let Decision::Abort { checkpoint, .. } = d {
+                    discard(store, checkpoint, plane);
+                }
+            }
+            c
+        }
+    }
+}
+
 /// Start the next generation: durably record it (with the current lease) before deploying it.
 pub(crate) fn next_generation(
     store: &dyn CheckpointStore,

@@ -6,8 +6,8 @@
 //! moves messages, bytes and threads.
 
 use crate::driver::{
-    carry_out, discard, next_generation, task_metas, write_snapshot, Carried, CheckpointLog, ControlPlane, DriverCtx,
-    SnapshotJob, TaskMeta,
+    carry_out, coordinator_for, next_generation, task_metas, write_snapshot, Carried, CheckpointLog, ControlPlane,
+    DriverCtx, SnapshotJob, TaskMeta,
 };
 use crate::fault::Faults;
 use crate::graph::{DeployOptions, DeployedTask, JobGraph};
@@ -18,7 +18,7 @@ use crate::task::{SnapshotTimings, SourcePhase, Task, TaskEnv};
 use crossbeam_channel::{Receiver, Select, Sender};
 use cutline_core::barrier::Barrier;
 use cutline_core::barrier::CheckpointMode;
-use cutline_core::coordinator::{CheckpointConfig, Coordinator, Decision, Event, EPOCH_LEASE_BLOCK};
+use cutline_core::coordinator::{CheckpointConfig, Coordinator, Event, EPOCH_LEASE_BLOCK};
 use cutline_core::restart::{choose_restore, Candidate, RestartDecision, RestartStrategy, RestartTracker};
 use cutline_core::{CheckpointId, Generation, TaskId, TimeMs};
 use cutline_storage::{CheckpointStore, JobMeta, Manifest, StorageError, TaskStateHandle};
@@ -486,34 +486,17 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
         };
         drop(index);
         let now_ms = TimeMs(started.elapsed().as_millis() as u64);
-        let ids: Vec<TaskId> = deployed.iter().map(|d| d.task.id).collect();
-        let sources: Vec<TaskId> = deployed.iter().filter(|d| d.task.is_source()).map(|d| d.task.id).collect();
-        let coord = match coordinator.as_mut() {
-            None => {
-                coordinator = Some(Coordinator::new(
-                    cfg.checkpoint.clone(),
-                    generation,
-                    ids,
-                    sources,
-                    first,
-                    lease_end,
-                    restored,
-                    now_ms,
-                ));
-                coordinator.as_mut().expect("just set")
-            }
-            Some(c) => {
-                let mut out = Vec::new();
-                c.restart(generation, ids, sources, restored, now_ms, &mut out);
-                // Aborts of the old generation's checkpoints: discard their artifacts.
-                for d in out {
-                    if let Decision::Abort { checkpoint, .. } = d {
-                        discard(&*store, checkpoint, &LogOnly(&cfg));
-                    }
-                }
-                c
-            }
-        };
+        let coord = coordinator_for(
+            &mut coordinator,
+            &cfg.checkpoint,
+            generation,
+            &deployed,
+            (first, lease_end),
+            restored,
+            now_ms,
+            &*store,
+            &LogOnly(&cfg),
+        );
         if let Some(at) = failed_at.take() {
             report.recovery_ms.push(at.elapsed().as_millis() as u64);
         }

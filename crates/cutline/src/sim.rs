@@ -15,8 +15,8 @@
 
 use crate::api::{Either, Job};
 use crate::driver::{
-    carry_out, next_generation, task_metas, write_snapshot, Carried, CheckpointLog, ControlPlane, DriverCtx,
-    SnapshotJob, TaskMeta,
+    carry_out, coordinator_for, next_generation, task_metas, write_snapshot, Carried, CheckpointLog, ControlPlane,
+    DriverCtx, SnapshotJob, TaskMeta,
 };
 use crate::fault::{FaultPoint, Faults};
 use crate::graph::{DeployOptions, JobGraph};
@@ -28,9 +28,9 @@ use crate::source::{GeneratorSource, SourceStatus};
 use crate::state::{stable_hash, ElementState, SnapshotBuilder};
 use crate::task::{SnapshotTimings, SourcePhase, Task, TaskEnv};
 use cutline_core::barrier::{Barrier, CheckpointMode};
-use cutline_core::coordinator::{CheckpointConfig, Coordinator, Decision, Event};
+use cutline_core::coordinator::{CheckpointConfig, Coordinator, Event};
 use cutline_core::{CheckpointId, Generation, TaskId, TimeMs};
-use cutline_storage::{CheckpointStore, FaultyStore, MemStore, StoreOp};
+use cutline_storage::{FaultyStore, MemStore, StoreOp};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -384,33 +384,17 @@ impl Sim {
             };
             drop(index);
             let metas = task_metas(&self.graph, &deployed);
-            let ids: Vec<TaskId> = deployed.iter().map(|d| d.task.id).collect();
-            let sources: Vec<TaskId> = deployed.iter().filter(|d| d.task.is_source()).map(|d| d.task.id).collect();
-            let coord = match coordinator.as_mut() {
-                None => {
-                    coordinator = Some(Coordinator::new(
-                        cfg.checkpoint.clone(),
-                        generation,
-                        ids,
-                        sources.clone(),
-                        start.first,
-                        lease_end,
-                        restored,
-                        self.now,
-                    ));
-                    coordinator.as_mut().expect("set")
-                }
-                Some(c) => {
-                    let mut out = Vec::new();
-                    c.restart(generation, ids, sources.clone(), restored, self.now, &mut out);
-                    for d in out {
-                        if let Decision::Abort { checkpoint, .. } = d {
-                            let _ = self.store.discard(checkpoint);
-                        }
-                    }
-                    c
-                }
-            };
+            let coord = coordinator_for(
+                &mut coordinator,
+                &cfg.checkpoint,
+                generation,
+                &deployed,
+                (start.first, lease_end),
+                restored,
+                self.now,
+                &*self.store,
+                &NoPlane,
+            );
             let mut tasks: Vec<Option<Task>> = deployed.into_iter().map(|d| Some(d.task)).collect();
             match run_generation_sim(self, coord, &mut tasks, &metas, generation, &mut lease_end, &cfg)? {
                 GenEnd::Finished => return Ok(Life::Finished),
@@ -671,6 +655,16 @@ fn run_generation_sim(
                 Carried::Finished(_) => return Ok(GenEnd::Finished),
             }
         }
+    }
+}
+
+/// No tasks to reach (aborts carried out between generations).
+struct NoPlane;
+
+impl ControlPlane for NoPlane {
+    fn send_all(&mut self, _c: Control, _sources_only: bool) {}
+    fn now(&self) -> TimeMs {
+        TimeMs(0)
     }
 }
 
