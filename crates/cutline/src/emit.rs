@@ -39,14 +39,11 @@ pub(crate) trait Emit<T>: Send {
     fn on_cancel(&mut self) {}
 }
 
-/// Wraps the next element and delegates every control hook to it.
-macro_rules! delegate_control {
+/// Delegates every control hook but `on_barrier` to `self.next` (for elements with state of their own).
+macro_rules! delegate_lifecycle {
     () => {
         fn flush(&mut self) -> Result<(), TaskError> {
             self.next.flush()
-        }
-        fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
-            self.next.on_barrier(b, snap)
         }
         fn on_end(&mut self) -> Result<(), TaskError> {
             self.next.on_end()
@@ -60,6 +57,17 @@ macro_rules! delegate_control {
         fn on_start(&mut self) -> Result<(), TaskError> {
             self.next.on_start()
         }
+    };
+}
+pub(crate) use delegate_lifecycle;
+
+/// Wraps the next element and delegates every control hook to it (stateless elements).
+macro_rules! delegate_control {
+    () => {
+        fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
+            self.next.on_barrier(b, snap)
+        }
+        $crate::emit::delegate_lifecycle!();
     };
 }
 pub(crate) use delegate_control;

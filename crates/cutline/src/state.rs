@@ -5,7 +5,7 @@
 //! It does not write or read files (the storage crate does) and does not decide when to snapshot (the
 //! task's control plane does).
 
-use crate::emit::{delegate_control, Emit};
+use crate::emit::{delegate_control, delegate_lifecycle, Emit};
 use crate::message::TaskError;
 use cutline_core::barrier::Barrier;
 use cutline_core::{CheckpointId, KeyGroupRange};
@@ -332,21 +332,7 @@ impl<K: Key, T: Send, S: StateValue, O: Send> Emit<T> for KeyedProcessOp<K, T, S
         self.next.on_barrier(b, snap)
     }
 
-    fn flush(&mut self) -> Result<(), TaskError> {
-        self.next.flush()
-    }
-    fn on_end(&mut self) -> Result<(), TaskError> {
-        self.next.on_end()
-    }
-    fn on_complete(&mut self, c: CheckpointId) -> Result<(), TaskError> {
-        self.next.on_complete(c)
-    }
-    fn on_cancel(&mut self) {
-        self.next.on_cancel()
-    }
-    fn on_start(&mut self) -> Result<(), TaskError> {
-        self.next.on_start()
-    }
+    delegate_lifecycle!();
 }
 
 /// The synchronous copy of keyed state taken at a barrier.
