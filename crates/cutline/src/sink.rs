@@ -175,7 +175,7 @@ impl<T: Send + 'static, S: Sink<T>> Emit<T> for SinkEmit<T, S> {
 }
 
 /// Writes one line per record into files in a directory, exactly once: records go to a pending file in
-/// `DIR/.pending/`, which is fsynced at the barrier and renamed to `DIR/part-<uid>-<subtask>-<checkpoint>`
+/// `DIR/.pending/`, which is fsynced at the barrier and published (hard link, never replacing a file) as `DIR/part-<uid>-<subtask>-<checkpoint>`
 /// when the checkpoint completes. Readers of `DIR` see only committed files.
 /// Appends one record's bytes to a buffer.
 type FormatFn<T> = Arc<dyn Fn(&T, &mut Vec<u8>) + Send + Sync>;
