@@ -113,6 +113,15 @@ fn crash_late(cfg: &mut RunConfig, n: u64) {
     cfg.restart = RestartStrategy::None;
 }
 
+/// Run `graph` on `dir` in `mode` until it fails once after the third sink commit (so committed output
+/// exists), without restarting.
+fn run_until_a_crash_after_commits(graph: &JobGraph, dir: &std::path::Path, mode: cutline::CheckpointMode) {
+    let mut cfg = config(dir);
+    cfg.checkpoint.mode = mode;
+    crash_late(&mut cfg, 3);
+    cutline::run(graph, cfg).expect_err("stopped by the injected failure");
+}
+
 #[test]
 fn falling_back_past_committed_output_is_refused_in_exactly_once_mode() {
     // The latest checkpoint's output is already committed when its files turn out damaged: restoring the
@@ -120,9 +129,7 @@ fn falling_back_past_committed_output_is_refused_in_exactly_once_mode() {
     let dir = tempfile::tempdir().unwrap();
     let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
     let graph = counting_job("counts", 2, out.clone());
-    let mut cfg = config(dir.path());
-    crash_late(&mut cfg, 3);
-    cutline::run(&graph, cfg).expect_err("stopped by the injected failure");
+    run_until_a_crash_after_commits(&graph, dir.path(), cutline::CheckpointMode::ExactlyOnce);
     flip_a_byte_of_the_latest_state_file(dir.path());
     let before = committed(&out);
     let err = cutline::run(&graph, config(dir.path())).expect_err("must refuse to duplicate committed output");
@@ -135,10 +142,7 @@ fn falling_back_in_at_least_once_mode_keeps_every_record() {
     let dir = tempfile::tempdir().unwrap();
     let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
     let graph = counting_job("counts", 2, out.clone());
-    let mut cfg = config(dir.path());
-    cfg.checkpoint.mode = cutline::CheckpointMode::AtLeastOnce;
-    crash_late(&mut cfg, 3);
-    cutline::run(&graph, cfg).expect_err("stopped by the injected failure");
+    run_until_a_crash_after_commits(&graph, dir.path(), cutline::CheckpointMode::AtLeastOnce);
     flip_a_byte_of_the_latest_state_file(dir.path());
     let mut again = config(dir.path());
     again.checkpoint.mode = cutline::CheckpointMode::AtLeastOnce;
@@ -312,7 +316,7 @@ fn a_storage_error_stops_and_joins_every_thread_before_run_returns() {
 
 /// A state value whose serialisation panics.
 #[derive(Clone, serde::Deserialize)]
-struct Explosive(u64);
+struct Explosive(#[allow(dead_code)] u64); // the value only travels through serde
 
 impl serde::Serialize for Explosive {
     fn serialize<S: serde::Serializer>(&self, _s: S) -> Result<S::Ok, S::Error> {
@@ -408,9 +412,7 @@ fn a_deleted_latest_checkpoint_is_not_a_licence_to_commit_output_twice_regressio
     let dir = tempfile::tempdir().unwrap();
     let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
     let graph = counting_job("counts", 2, out.clone());
-    let mut cfg = config(dir.path());
-    crash_late(&mut cfg, 3);
-    cutline::run(&graph, cfg).expect_err("stopped by the injected failure");
+    run_until_a_crash_after_commits(&graph, dir.path(), cutline::CheckpointMode::ExactlyOnce);
     std::fs::remove_dir_all(latest_complete_dir(dir.path())).unwrap();
     let before = committed(&out);
     let err = cutline::run(&graph, config(dir.path())).expect_err("must refuse");
@@ -426,9 +428,7 @@ fn a_refused_fallback_keeps_every_prepared_transaction_so_a_repair_restores_exac
     let dir = tempfile::tempdir().unwrap();
     let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
     let graph = counting_job_two_sinks(out.clone());
-    let mut cfg = config(dir.path());
-    crash_late(&mut cfg, 3);
-    cutline::run(&graph, cfg).expect_err("stopped by the injected failure");
+    run_until_a_crash_after_commits(&graph, dir.path(), cutline::CheckpointMode::ExactlyOnce);
     let latest = latest_complete_dir(dir.path());
     let state = std::fs::read_dir(&latest)
         .unwrap()
