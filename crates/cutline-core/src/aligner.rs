@@ -1,28 +1,43 @@
-//! Barrier alignment for one task: which inputs may be read, and when the task snapshots.
+//! Barrier alignment for one task: which inputs may be read, when the task snapshots, which inputs
+//! record channel state for which checkpoint, and when a barrier may overtake queued records.
 //!
-//! The aligner owns only per-input bookkeeping. It never touches records: in exactly-once mode it blocks
-//! an input simply by telling the task not to read that channel, so data behind a barrier stays in the
-//! bounded channel and the alignment buffer is the channel itself. It does not snapshot, forward barriers
-//! or talk to the coordinator; it decides when the task must.
+//! The aligner owns only per-input bookkeeping. It never touches records: an aligned checkpoint blocks
+//! an input simply by telling the task not to read it, so the data behind a barrier stays in the bounded
+//! channel; an unaligned checkpoint tells the task which inputs' records to persist as channel state. It
+//! does not snapshot, forward barriers or talk to the coordinator; it decides when the task must.
+//!
+//! Rules, for checkpoints pending at this task (barrier seen on some input, not yet on every live one):
+//! - snapshots are taken in checkpoint order;
+//! - an exactly-once checkpoint not yet snapshotted blocks every input that delivered its barrier;
+//! - an aligned (or at-least-once) checkpoint snapshots when its barrier arrived on every live input;
+//! - an unaligned checkpoint (or one switched after its alignment timeout) snapshots at its first
+//!   barrier, once every older pending checkpoint has snapshotted; from then on every live input that
+//!   has not delivered its barrier records channel state for it, until its barrier arrives there;
+//! - an ended input counts as having delivered every barrier from then on.
 
-use crate::barrier::{Barrier, CheckpointMode};
+use crate::barrier::{Alignment, Barrier, CheckpointMode};
 use crate::ids::{CheckpointId, TimeMs};
 use std::collections::BTreeMap;
 
-/// What the task must do after telling the aligner about a barrier or an ended input.
+/// What the task must do, in order, after an event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AlignAction {
-    /// Keep going. In exactly-once mode the input that delivered the barrier is now blocked.
-    Wait,
-    /// Every live input delivered `barrier`: snapshot now, forward the barrier on every output, then
-    /// carry on. All inputs blocked for it are unblocked.
+    /// Take the snapshot of `barrier.checkpoint` now and forward `barrier` on every output. If
+    /// `channel_state` is set, the snapshot is not complete yet: inputs still record channel state and
+    /// [`AlignAction::ChannelStateComplete`] follows.
     Snapshot {
         barrier: Barrier,
-        /// Time from the first to the last barrier of this checkpoint at this task.
+        channel_state: bool,
+        /// The checkpoint started aligned and this task switched it to unaligned.
+        switched: bool,
+        /// Time from the first barrier of this checkpoint at this task to the snapshot.
         alignment_ms: u64,
         /// Time from the trigger at the coordinator to the first barrier here.
         start_delay_ms: u64,
     },
+    /// Every live input delivered the barrier of this unaligned checkpoint: its channel state is
+    /// complete and the snapshot can be persisted.
+    ChannelStateComplete { checkpoint: CheckpointId },
 }
 
 #[derive(Debug)]
@@ -31,6 +46,17 @@ struct Pending {
     seen: Vec<bool>,
     count: usize,
     first_at: TimeMs,
+    snapshotted: bool,
+    /// Switched from aligned to unaligned (timeout, byte limit, or an upstream that switched).
+    switched: bool,
+}
+
+impl Pending {
+    /// Snapshots at its first barrier rather than its last.
+    fn unaligned(&self) -> bool {
+        self.barrier.mode == CheckpointMode::ExactlyOnce
+            && (self.switched || self.barrier.alignment == Alignment::Unaligned)
+    }
 }
 
 /// Per-task alignment state machine.
@@ -42,6 +68,8 @@ pub struct Aligner {
     last_on_input: Vec<Option<CheckpointId>>,
     pending: BTreeMap<CheckpointId, Pending>,
     last_snapshot: Option<CheckpointId>,
+    /// Pending checkpoints that snapshotted and still record channel state.
+    recording: usize,
 }
 
 impl Aligner {
@@ -53,6 +81,7 @@ impl Aligner {
             last_on_input: vec![None; inputs],
             pending: BTreeMap::new(),
             last_snapshot: None,
+            recording: 0,
         }
     }
 
@@ -74,17 +103,63 @@ impl Aligner {
         self.ended.iter().all(|e| *e)
     }
 
-    /// Is a checkpoint being aligned right now?
+    /// The oldest checkpoint pending at this task, if any.
     pub fn aligning(&self) -> Option<CheckpointId> {
         self.pending.keys().next().copied()
     }
 
-    fn live_inputs(&self) -> usize {
-        self.ended.iter().filter(|e| !**e).count()
+    /// Does any checkpoint record channel state right now? (Cheap; checked per batch.)
+    pub fn any_recording(&self) -> bool {
+        self.recording > 0
+    }
+
+    /// The checkpoints for which records read from `input` now are channel state.
+    pub fn recording_on(&self, input: usize, out: &mut Vec<CheckpointId>) {
+        out.clear();
+        if self.recording == 0 || self.ended[input] {
+            return;
+        }
+        out.extend(self.pending.iter().filter(|(_, p)| p.snapshotted && !p.seen[input]).map(|(id, _)| *id));
+    }
+
+    /// May `barrier`, found queued on readable `input` behind records, be taken ahead of them? Only an
+    /// unaligned exactly-once barrier (or one of a checkpoint this task switched) whose older pending
+    /// checkpoints have all snapshotted, so snapshots stay in order and it can snapshot at once.
+    pub fn may_overtake(&self, input: usize, barrier: &Barrier) -> bool {
+        if !self.is_readable(input) || barrier.mode != CheckpointMode::ExactlyOnce {
+            return false;
+        }
+        let id = barrier.checkpoint;
+        let switched = self.pending.get(&id).is_some_and(|p| p.switched);
+        (barrier.alignment == Alignment::Unaligned || switched) && self.pending.range(..id).all(|(_, p)| p.snapshotted)
+    }
+
+    /// The oldest pending checkpoint that is aligning with a timeout and has not switched: its id, how
+    /// long it has been aligning at `now`, and its limits. The task measures its blocked bytes only then.
+    pub fn timeout_candidate(&self, now: TimeMs) -> Option<(CheckpointId, u64, u64, u64)> {
+        let (id, p) = self.pending.iter().find(|(_, p)| !p.snapshotted)?;
+        if p.barrier.mode != CheckpointMode::ExactlyOnce || p.switched {
+            return None;
+        }
+        match p.barrier.alignment {
+            Alignment::AlignedWithTimeout { timeout_ms, max_blocked_bytes } => {
+                Some((*id, now.saturating_sub(p.first_at), timeout_ms, max_blocked_bytes))
+            }
+            _ => None,
+        }
+    }
+
+    /// Switch `checkpoint` (see [`Aligner::timeout_candidate`]) to unaligned: its blocked inputs are
+    /// released and it snapshots now.
+    pub fn switch_to_unaligned(&mut self, checkpoint: CheckpointId, now: TimeMs, out: &mut Vec<AlignAction>) {
+        let p = self.pending.get_mut(&checkpoint).expect("switch of a pending checkpoint");
+        assert!(!p.snapshotted && !p.switched, "{checkpoint} switched twice");
+        p.switched = true;
+        self.progress(now, out);
     }
 
     /// Input `input` delivered `barrier` at time `now`.
-    pub fn on_barrier(&mut self, input: usize, barrier: Barrier, now: TimeMs) -> AlignAction {
+    pub fn on_barrier(&mut self, input: usize, barrier: Barrier, now: TimeMs, out: &mut Vec<AlignAction>) {
         let id = barrier.checkpoint;
         assert!(!self.ended[input], "barrier {id} on input {input} after its end-of-stream");
         assert!(!self.blocked[input], "barrier {id} read from blocked input {input}");
@@ -92,33 +167,34 @@ impl Aligner {
             assert!(id > last, "barrier {id} after {last} on input {input}: barriers reordered on a channel");
         }
         if let Some(last) = self.last_snapshot {
-            assert!(id > last, "barrier {id} after this task already snapshotted {last}");
-        }
-        self.last_on_input[input] = Some(id);
-        if barrier.mode == CheckpointMode::ExactlyOnce {
-            if let Some(current) = self.aligning() {
-                assert_eq!(current, id, "exactly-once: barrier {id} while still aligning {current}");
+            if !self.pending.contains_key(&id) {
+                assert!(id > last, "barrier {id} after this task already snapshotted {last}");
             }
         }
+        self.last_on_input[input] = Some(id);
         let inputs = self.inputs();
         let p = self.pending.entry(id).or_insert_with(|| Pending {
             barrier,
             seen: vec![false; inputs],
             count: 0,
             first_at: now,
+            snapshotted: false,
+            switched: false,
         });
-        assert_eq!(p.barrier, barrier, "two barriers for {id} differ");
+        assert!(p.barrier.same_checkpoint(&barrier), "two barriers for {id} differ: {:?} and {barrier:?}", p.barrier);
         assert!(!p.seen[input]);
+        // An upstream task that switched forwards the barrier unaligned: switch here too.
+        if barrier.is_unaligned() && !p.unaligned() {
+            assert!(!p.snapshotted);
+            p.switched = true;
+        }
         p.seen[input] = true;
         p.count += 1;
-        if barrier.mode == CheckpointMode::ExactlyOnce {
-            self.blocked[input] = true;
-        }
-        self.try_complete(now)
+        self.progress(now, out);
     }
 
     /// Input `input` delivered end-of-stream: it counts as aligned for every barrier from now on.
-    pub fn on_end_of_input(&mut self, input: usize, now: TimeMs) -> AlignAction {
+    pub fn on_end_of_input(&mut self, input: usize, now: TimeMs, out: &mut Vec<AlignAction>) {
         assert!(!self.ended[input], "end-of-stream twice on input {input}");
         assert!(!self.blocked[input], "end-of-stream read from blocked input {input}");
         self.ended[input] = true;
@@ -129,33 +205,74 @@ impl Aligner {
                 p.count -= 1;
             }
         }
-        self.try_complete(now)
+        self.progress(now, out);
     }
 
-    fn try_complete(&mut self, now: TimeMs) -> AlignAction {
+    fn live_inputs(&self) -> usize {
+        self.ended.iter().filter(|e| !**e).count()
+    }
+
+    /// Snapshot and complete whatever the rules allow, oldest first; then recompute the blocked inputs.
+    fn progress(&mut self, now: TimeMs, out: &mut Vec<AlignAction>) {
         let live = self.live_inputs();
-        let Some((&id, p)) = self.pending.iter().next() else {
-            return AlignAction::Wait;
-        };
-        if p.count < live {
-            return AlignAction::Wait;
+        let ids: Vec<CheckpointId> = self.pending.keys().copied().collect();
+        let mut older_all_snapshotted = true;
+        for id in ids {
+            let p = self.pending.get_mut(&id).expect("pending");
+            if !p.snapshotted {
+                if !older_all_snapshotted {
+                    break;
+                }
+                let all_in = p.count >= live;
+                if all_in || (p.unaligned() && p.count >= 1) {
+                    p.snapshotted = true;
+                    let channel_state = !all_in;
+                    let mut forward = p.barrier;
+                    if p.unaligned() {
+                        forward.alignment = Alignment::Unaligned;
+                    }
+                    if let Some(last) = self.last_snapshot {
+                        assert!(id > last, "snapshot {id} after {last}: out of order");
+                    }
+                    self.last_snapshot = Some(id);
+                    out.push(AlignAction::Snapshot {
+                        barrier: forward,
+                        channel_state,
+                        switched: p.switched,
+                        alignment_ms: now.saturating_sub(p.first_at),
+                        start_delay_ms: p.first_at.saturating_sub(p.barrier.triggered_at),
+                    });
+                    if all_in {
+                        self.pending.remove(&id);
+                        continue;
+                    }
+                    self.recording += 1;
+                } else {
+                    older_all_snapshotted = false;
+                    continue;
+                }
+            }
+            // Snapshotted, recording channel state.
+            let p = &self.pending[&id];
+            if p.count >= live {
+                self.pending.remove(&id);
+                self.recording -= 1;
+                out.push(AlignAction::ChannelStateComplete { checkpoint: id });
+            }
         }
-        // Barriers complete in order: a later barrier on an input always comes after the earlier one.
-        let p = self.pending.remove(&id).expect("present");
         for b in self.blocked.iter_mut() {
             *b = false;
         }
-        // In at-least-once mode a later checkpoint may have been delivered on some inputs already; it
-        // stays pending. In exactly-once mode nothing else can be pending.
-        if p.barrier.mode == CheckpointMode::ExactlyOnce {
-            assert!(self.pending.is_empty(), "exactly-once: other barriers pending beside {id}");
+        for p in self.pending.values() {
+            if !p.snapshotted && p.barrier.mode == CheckpointMode::ExactlyOnce {
+                for (i, s) in p.seen.iter().enumerate() {
+                    if *s {
+                        self.blocked[i] = true;
+                    }
+                }
+            }
         }
-        self.last_snapshot = Some(id);
-        AlignAction::Snapshot {
-            barrier: p.barrier,
-            alignment_ms: now.saturating_sub(p.first_at),
-            start_delay_ms: p.first_at.saturating_sub(p.barrier.triggered_at),
-        }
+        debug_assert_eq!(self.recording, self.pending.values().filter(|p| p.snapshotted).count());
     }
 }
 
@@ -165,27 +282,48 @@ mod tests {
     use crate::barrier::SnapshotKind;
     use crate::ids::Generation;
 
-    fn b(id: u64, mode: CheckpointMode) -> Barrier {
+    fn b(id: u64, mode: CheckpointMode, alignment: Alignment) -> Barrier {
         Barrier {
             checkpoint: CheckpointId(id),
             generation: Generation(1),
             triggered_at: TimeMs(0),
             kind: SnapshotKind::Checkpoint,
             mode,
+            alignment,
         }
+    }
+    const EO: CheckpointMode = CheckpointMode::ExactlyOnce;
+    const ALO: CheckpointMode = CheckpointMode::AtLeastOnce;
+    const AL: Alignment = Alignment::Aligned;
+    const UN: Alignment = Alignment::Unaligned;
+
+    fn on(a: &mut Aligner, input: usize, b: Barrier, t: u64) -> Vec<AlignAction> {
+        let mut out = Vec::new();
+        a.on_barrier(input, b, TimeMs(t), &mut out);
+        out
+    }
+    fn ids(actions: &[AlignAction]) -> Vec<String> {
+        actions
+            .iter()
+            .map(|a| match a {
+                AlignAction::Snapshot { barrier, channel_state, .. } => {
+                    format!("snap {}{}", barrier.checkpoint.0, if *channel_state { " +channels" } else { "" })
+                }
+                AlignAction::ChannelStateComplete { checkpoint } => format!("channels {} done", checkpoint.0),
+            })
+            .collect()
     }
 
     #[test]
     fn exactly_once_blocks_until_all_inputs_align() {
         let mut a = Aligner::new(3);
-        let eo = CheckpointMode::ExactlyOnce;
-        assert_eq!(a.on_barrier(1, b(5, eo), TimeMs(10)), AlignAction::Wait);
+        assert!(on(&mut a, 1, b(5, EO, AL), 10).is_empty());
         assert!(!a.is_readable(1) && a.is_readable(0) && a.is_readable(2));
-        assert_eq!(a.on_barrier(0, b(5, eo), TimeMs(12)), AlignAction::Wait);
-        match a.on_barrier(2, b(5, eo), TimeMs(17)) {
-            AlignAction::Snapshot { alignment_ms, start_delay_ms, .. } => {
-                assert_eq!(alignment_ms, 7);
-                assert_eq!(start_delay_ms, 10);
+        assert!(on(&mut a, 0, b(5, EO, AL), 12).is_empty());
+        match &on(&mut a, 2, b(5, EO, AL), 17)[..] {
+            [AlignAction::Snapshot { alignment_ms, start_delay_ms, channel_state: false, .. }] => {
+                assert_eq!(*alignment_ms, 7);
+                assert_eq!(*start_delay_ms, 10);
             }
             other => panic!("{other:?}"),
         }
@@ -195,36 +333,108 @@ mod tests {
     #[test]
     fn at_least_once_never_blocks_and_keeps_later_barriers_pending() {
         let mut a = Aligner::new(2);
-        let al = CheckpointMode::AtLeastOnce;
-        assert_eq!(a.on_barrier(0, b(1, al), TimeMs(0)), AlignAction::Wait);
-        assert_eq!(a.on_barrier(0, b(2, al), TimeMs(1)), AlignAction::Wait);
+        assert!(on(&mut a, 0, b(1, ALO, AL), 0).is_empty());
+        assert!(on(&mut a, 0, b(2, ALO, AL), 1).is_empty());
         assert!(a.is_readable(0));
-        assert!(
-            matches!(a.on_barrier(1, b(1, al), TimeMs(2)), AlignAction::Snapshot { barrier, .. } if barrier.checkpoint == CheckpointId(1))
-        );
-        assert!(
-            matches!(a.on_barrier(1, b(2, al), TimeMs(3)), AlignAction::Snapshot { barrier, .. } if barrier.checkpoint == CheckpointId(2))
-        );
+        assert_eq!(ids(&on(&mut a, 1, b(1, ALO, AL), 2)), ["snap 1"]);
+        assert_eq!(ids(&on(&mut a, 1, b(2, ALO, AL), 3)), ["snap 2"]);
     }
 
     #[test]
     fn ended_input_counts_as_aligned() {
         let mut a = Aligner::new(2);
-        let eo = CheckpointMode::ExactlyOnce;
-        assert_eq!(a.on_barrier(0, b(3, eo), TimeMs(0)), AlignAction::Wait);
-        assert!(matches!(a.on_end_of_input(1, TimeMs(1)), AlignAction::Snapshot { .. }));
-        assert!(matches!(a.on_barrier(0, b(4, eo), TimeMs(2)), AlignAction::Snapshot { .. }));
+        let mut out = Vec::new();
+        assert!(on(&mut a, 0, b(3, EO, AL), 0).is_empty());
+        a.on_end_of_input(1, TimeMs(1), &mut out);
+        assert_eq!(ids(&out), ["snap 3"]);
+        assert_eq!(ids(&on(&mut a, 0, b(4, EO, AL), 2)), ["snap 4"]);
         assert!(!a.all_ended());
-        assert_eq!(a.on_end_of_input(0, TimeMs(3)), AlignAction::Wait);
-        assert!(a.all_ended());
+        out.clear();
+        a.on_end_of_input(0, TimeMs(3), &mut out);
+        assert!(out.is_empty() && a.all_ended());
+    }
+
+    #[test]
+    fn unaligned_snapshots_at_the_first_barrier_and_records_the_other_inputs() {
+        let mut a = Aligner::new(3);
+        let mut rec = Vec::new();
+        assert!(a.may_overtake(1, &b(7, EO, UN)));
+        assert!(!a.may_overtake(1, &b(7, EO, AL)));
+        assert_eq!(ids(&on(&mut a, 1, b(7, EO, UN), 5)), ["snap 7 +channels"]);
+        assert!((0..3).all(|i| a.is_readable(i)), "unaligned never blocks");
+        a.recording_on(0, &mut rec);
+        assert_eq!(rec, [CheckpointId(7)]);
+        a.recording_on(1, &mut rec);
+        assert!(rec.is_empty(), "the input that delivered the barrier records nothing");
+        assert!(on(&mut a, 2, b(7, EO, UN), 6).is_empty());
+        assert_eq!(ids(&on(&mut a, 0, b(7, EO, UN), 9)), ["channels 7 done"]);
+        assert!(!a.any_recording());
+    }
+
+    #[test]
+    fn a_single_input_unaligned_checkpoint_snapshots_and_completes_at_once() {
+        let mut a = Aligner::new(1);
+        assert_eq!(ids(&on(&mut a, 0, b(2, EO, UN), 0)), ["snap 2"]);
+        assert!(!a.any_recording());
+    }
+
+    #[test]
+    fn pipelined_unaligned_checkpoints_record_separately() {
+        let mut a = Aligner::new(2);
+        let mut rec = Vec::new();
+        assert_eq!(ids(&on(&mut a, 0, b(1, EO, UN), 0)), ["snap 1 +channels"]);
+        assert_eq!(ids(&on(&mut a, 0, b(2, EO, UN), 1)), ["snap 2 +channels"]);
+        a.recording_on(1, &mut rec);
+        assert_eq!(rec, [CheckpointId(1), CheckpointId(2)]);
+        assert_eq!(ids(&on(&mut a, 1, b(1, EO, UN), 2)), ["channels 1 done"]);
+        assert_eq!(ids(&on(&mut a, 1, b(2, EO, UN), 3)), ["channels 2 done"]);
+    }
+
+    #[test]
+    fn alignment_timeout_switches_and_releases_blocked_inputs() {
+        let mut a = Aligner::new(2);
+        let t = Alignment::AlignedWithTimeout { timeout_ms: 50, max_blocked_bytes: u64::MAX };
+        assert!(on(&mut a, 0, b(4, EO, t), 100).is_empty());
+        assert!(!a.is_readable(0));
+        assert!(!a.may_overtake(1, &b(4, EO, t)), "not before the switch");
+        let (id, aligning_ms, timeout_ms, _) = a.timeout_candidate(TimeMs(160)).expect("candidate");
+        assert_eq!((id, aligning_ms, timeout_ms), (CheckpointId(4), 60, 50));
+        let mut out = Vec::new();
+        a.switch_to_unaligned(id, TimeMs(160), &mut out);
+        match &out[..] {
+            [AlignAction::Snapshot { barrier, channel_state: true, switched: true, alignment_ms: 60, .. }] => {
+                assert_eq!(barrier.alignment, Alignment::Unaligned, "forwarded unaligned");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(a.is_readable(0) && a.may_overtake(1, &b(4, EO, t)));
+        assert_eq!(ids(&on(&mut a, 1, b(4, EO, t), 170)), ["channels 4 done"]);
+    }
+
+    #[test]
+    fn an_upstream_switch_switches_this_task() {
+        let mut a = Aligner::new(2);
+        let t = Alignment::AlignedWithTimeout { timeout_ms: 50, max_blocked_bytes: 10 };
+        assert!(on(&mut a, 0, b(4, EO, t), 0).is_empty());
+        assert_eq!(ids(&on(&mut a, 1, b(4, EO, UN), 1)), ["snap 4"]);
+    }
+
+    #[test]
+    fn an_unaligned_barrier_waits_behind_an_older_at_least_once_checkpoint_and_blocks() {
+        let mut a = Aligner::new(2);
+        assert!(on(&mut a, 0, b(1, ALO, AL), 0).is_empty());
+        assert!(!a.may_overtake(0, &b(2, EO, UN)), "older checkpoint 1 has not snapshotted");
+        assert!(on(&mut a, 0, b(2, EO, UN), 1).is_empty());
+        assert!(!a.is_readable(0), "records after barrier 2 must wait for its snapshot");
+        assert_eq!(ids(&on(&mut a, 1, b(1, ALO, AL), 2)), ["snap 1", "snap 2 +channels"]);
+        assert!(a.is_readable(0));
     }
 
     #[test]
     #[should_panic(expected = "barriers reordered")]
     fn reordered_barriers_on_one_channel_are_a_broken_invariant() {
         let mut a = Aligner::new(2);
-        let al = CheckpointMode::AtLeastOnce;
-        a.on_barrier(0, b(2, al), TimeMs(0));
-        a.on_barrier(0, b(1, al), TimeMs(0));
+        on(&mut a, 0, b(2, ALO, AL), 0);
+        on(&mut a, 0, b(1, ALO, AL), 0);
     }
 }

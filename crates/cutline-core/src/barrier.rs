@@ -26,6 +26,20 @@ impl std::str::FromStr for CheckpointMode {
     }
 }
 
+/// How an exactly-once barrier treats the records queued in front of it (ignored in at-least-once mode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Alignment {
+    /// An input that delivered the barrier is blocked until every input delivered it; nothing in flight
+    /// is persisted, but the barrier waits behind every queued record.
+    Aligned,
+    /// The barrier overtakes the records queued in front of it: the task snapshots at the first barrier,
+    /// forwards it at once, and persists the overtaken records as channel state.
+    Unaligned,
+    /// Starts aligned; a task whose alignment of this checkpoint lasts `timeout_ms`, or whose blocked
+    /// inputs hold more than `max_blocked_bytes`, switches it to unaligned (and forwards it unaligned).
+    AlignedWithTimeout { timeout_ms: u64, max_blocked_bytes: u64 },
+}
+
 /// The kind of snapshot a barrier asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum SnapshotKind {
@@ -34,6 +48,21 @@ pub enum SnapshotKind {
     /// The checkpoint taken when every bounded source has finished; sources emit end-of-stream right
     /// after its barrier.
     Final,
+    /// A savepoint requested by the user: always aligned, exported as a self-contained copy.
+    Savepoint,
+    /// A savepoint after whose barrier the sources stop (they emit end-of-stream): the job drains,
+    /// commits and stops. If it fails, the job fails over and keeps running.
+    StopSavepoint,
+}
+
+impl SnapshotKind {
+    /// Sources emit end-of-stream right after this barrier.
+    pub fn ends_input(self) -> bool {
+        matches!(self, SnapshotKind::Final | SnapshotKind::StopSavepoint)
+    }
+    pub fn is_savepoint(self) -> bool {
+        matches!(self, SnapshotKind::Savepoint | SnapshotKind::StopSavepoint)
+    }
 }
 
 /// A checkpoint barrier.
@@ -45,4 +74,16 @@ pub struct Barrier {
     pub triggered_at: TimeMs,
     pub kind: SnapshotKind,
     pub mode: CheckpointMode,
+    pub alignment: Alignment,
+}
+
+impl Barrier {
+    /// May this barrier overtake records queued in front of it (exactly-once and unaligned)?
+    pub fn is_unaligned(&self) -> bool {
+        self.mode == CheckpointMode::ExactlyOnce && self.alignment == Alignment::Unaligned
+    }
+    /// The same checkpoint, ignoring how it is aligned (a task that switched forwards it unaligned).
+    pub fn same_checkpoint(&self, other: &Barrier) -> bool {
+        Barrier { alignment: other.alignment, ..*self } == *other
+    }
 }

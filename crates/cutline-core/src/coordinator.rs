@@ -9,7 +9,7 @@
 //! The acknowledgement payload `R` (the task's state handle) is opaque here; the coordinator only
 //! collects it and hands it back in [`Decision::CommitManifest`].
 
-use crate::barrier::{Barrier, CheckpointMode, SnapshotKind};
+use crate::barrier::{Alignment, Barrier, CheckpointMode, SnapshotKind};
 use crate::ids::{CheckpointId, Generation, TaskId, TimeMs};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -37,6 +37,16 @@ pub struct CheckpointConfig {
     pub tolerable_failures: u32,
     /// Alignment mode carried by barriers. Default exactly-once.
     pub mode: CheckpointMode,
+    /// Exactly-once checkpoints are unaligned: barriers overtake queued records, which are persisted as
+    /// channel state, so a checkpoint does not wait for a backlog. Default false. Savepoints are always
+    /// aligned.
+    pub unaligned: bool,
+    /// An aligned checkpoint that a task has been aligning for this long switches to unaligned at that
+    /// task (and downstream). Default off.
+    pub alignment_timeout_ms: Option<u64>,
+    /// An aligned checkpoint whose blocked inputs at a task hold more than this many bytes switches to
+    /// unaligned there. Default off.
+    pub max_aligned_bytes: Option<u64>,
 }
 
 impl Default for CheckpointConfig {
@@ -48,6 +58,9 @@ impl Default for CheckpointConfig {
             max_concurrent: 1,
             tolerable_failures: 3,
             mode: CheckpointMode::ExactlyOnce,
+            unaligned: false,
+            alignment_timeout_ms: None,
+            max_aligned_bytes: None,
         }
     }
 }
@@ -64,7 +77,31 @@ impl CheckpointConfig {
         if self.max_concurrent == 0 {
             return Err("max concurrent checkpoints must be at least 1".into());
         }
+        if self.mode == CheckpointMode::AtLeastOnce
+            && (self.unaligned || self.alignment_timeout_ms.is_some() || self.max_aligned_bytes.is_some())
+        {
+            return Err("unaligned checkpoints and alignment limits apply to exactly-once mode; at-least-once never blocks an input".into());
+        }
         Ok(())
+    }
+
+    /// How the barriers of a checkpoint of `kind` align under these settings. Only periodic
+    /// checkpoints may be unaligned: savepoints must be self-contained and portable, and after the
+    /// checkpoint that ends the input (final, stop-with-savepoint) no later checkpoint would commit
+    /// the sink output of records it overtook.
+    pub fn alignment_for(&self, kind: SnapshotKind) -> Alignment {
+        if kind != SnapshotKind::Checkpoint || self.mode == CheckpointMode::AtLeastOnce {
+            Alignment::Aligned
+        } else if self.unaligned {
+            Alignment::Unaligned
+        } else if self.alignment_timeout_ms.is_some() || self.max_aligned_bytes.is_some() {
+            Alignment::AlignedWithTimeout {
+                timeout_ms: self.alignment_timeout_ms.unwrap_or(u64::MAX),
+                max_blocked_bytes: self.max_aligned_bytes.unwrap_or(u64::MAX),
+            }
+        } else {
+            Alignment::Aligned
+        }
     }
 }
 
@@ -89,6 +126,8 @@ pub enum Event<R> {
     ManifestFailed { checkpoint: CheckpointId, reason: String },
     /// The lease asked for by [`Decision::ExtendLease`] is durable.
     LeaseExtended { lease_end: CheckpointId },
+    /// The user asks for a savepoint now; with `stop`, the job stops once it is complete.
+    SavepointRequested { stop: bool },
 }
 
 /// Why a checkpoint was aborted.
@@ -144,8 +183,11 @@ pub enum Decision<R> {
     Abort { checkpoint: CheckpointId, reason: AbortReason },
     /// Tear the job down and restore it from the latest complete checkpoint.
     FailOver { reason: String },
-    /// The final checkpoint is complete and every task finished: the job is done.
-    JobFinished { checkpoint: CheckpointId },
+    /// The final checkpoint (or the savepoint of a stop-with-savepoint) is complete and every task
+    /// finished: the job is done (`kind` Final) or stopped (`kind` StopSavepoint).
+    JobFinished { checkpoint: CheckpointId, kind: SnapshotKind },
+    /// A savepoint request cannot be carried out now.
+    SavepointRejected { reason: String },
 }
 
 /// How a checkpoint ended, for statistics.
@@ -185,9 +227,9 @@ struct Pending<R> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     Running,
-    /// The final checkpoint is triggered; no more periodic ones.
+    /// The final checkpoint (or a stop-with-savepoint) is triggered; no more periodic ones.
     Finishing(CheckpointId),
-    /// The final checkpoint is complete; waiting for tasks to finish.
+    /// The final checkpoint (or stop-with-savepoint) is complete; waiting for tasks to finish.
     Draining(CheckpointId),
     Finished,
     /// A failover was decided; waiting for [`Coordinator::restart`].
@@ -206,6 +248,10 @@ pub struct Coordinator<R> {
     next_id: CheckpointId,
     lease_end: CheckpointId,
     lease_requested: bool,
+    /// A savepoint asked for while no epoch was available (waiting for the lease); `true` to stop.
+    savepoint_wanted: Option<bool>,
+    /// Kind of the checkpoint that ends the job (Final, or StopSavepoint), once triggered.
+    ending_kind: SnapshotKind,
     pending: BTreeMap<CheckpointId, Pending<R>>,
     last_completed: Option<CheckpointId>,
     last_trigger_at: Option<TimeMs>,
@@ -250,6 +296,8 @@ impl<R: Clone> Coordinator<R> {
             next_id: first_id,
             lease_end,
             lease_requested: false,
+            savepoint_wanted: None,
+            ending_kind: SnapshotKind::Final,
             pending: BTreeMap::new(),
             last_completed,
             last_trigger_at: None,
@@ -327,6 +375,9 @@ impl<R: Clone> Coordinator<R> {
         self.last_trigger_at = None;
         self.last_end_at = Some(now);
         self.phase = Phase::Running;
+        if self.savepoint_wanted.take().is_some() {
+            out.push(Decision::SavepointRejected { reason: "the job failed over before the savepoint started".into() });
+        }
     }
 
     /// Feed one event at time `now`; decisions are appended to `out`.
@@ -362,8 +413,11 @@ impl<R: Clone> Coordinator<R> {
                 if self.pending[&checkpoint].committing {
                     return; // every task already acked; a stray decline cannot undo that
                 }
-                let is_final = self.pending[&checkpoint].barrier.kind == SnapshotKind::Final;
-                let why = format!("final checkpoint {checkpoint} declined by {task}: {reason}");
+                let is_final = self.pending[&checkpoint].barrier.kind.ends_input();
+                let why = format!(
+                    "{} {checkpoint} declined by {task}: {reason}",
+                    ending_name(self.pending[&checkpoint].barrier.kind)
+                );
                 self.abort(checkpoint, now, AbortReason::Declined { task, reason }, out);
                 if is_final && self.phase != Phase::FailingOver {
                     self.fail_over(now, why, out);
@@ -393,7 +447,7 @@ impl<R: Clone> Coordinator<R> {
                 self.finished_tasks.insert(task);
                 if self.finished_tasks.len() == self.tasks.len() {
                     self.phase = Phase::Finished;
-                    out.push(Decision::JobFinished { checkpoint: final_id });
+                    out.push(Decision::JobFinished { checkpoint: final_id, kind: self.ending_kind });
                 }
             }
             Event::ManifestCommitted { checkpoint } => self.on_committed(checkpoint, now, out),
@@ -402,18 +456,23 @@ impl<R: Clone> Coordinator<R> {
                     return;
                 };
                 assert!(p.committing, "manifest outcome for {checkpoint}, which was not committing");
-                let is_final = p.barrier.kind == SnapshotKind::Final;
+                let is_final = p.barrier.kind.ends_input();
+                let p_kind = p.barrier.kind;
                 self.abort(checkpoint, now, AbortReason::ManifestFailed(reason.clone()), out);
                 if is_final && self.phase != Phase::FailingOver {
-                    self.fail_over(now, format!("final checkpoint {checkpoint} failed: {reason}"), out);
+                    self.fail_over(now, format!("{} {checkpoint} failed: {reason}", ending_name(p_kind)), out);
                 }
             }
             Event::LeaseExtended { lease_end } => {
                 assert!(lease_end > self.lease_end);
                 self.lease_end = lease_end;
                 self.lease_requested = false;
+                if let Some(stop) = self.savepoint_wanted.take() {
+                    self.savepoint(now, stop, out);
+                }
                 self.on_tick(now, out);
             }
+            Event::SavepointRequested { stop } => self.savepoint(now, stop, out),
         }
     }
 
@@ -431,10 +490,10 @@ impl<R: Clone> Coordinator<R> {
             }
             let missing: Vec<TaskId> =
                 self.tasks.iter().filter(|t| !self.pending[&id].acks.contains_key(t)).copied().collect();
-            let is_final = self.pending[&id].barrier.kind == SnapshotKind::Final;
+            let kind = self.pending[&id].barrier.kind;
             self.abort(id, now, AbortReason::Timeout { missing }, out);
-            if is_final && self.phase != Phase::FailingOver {
-                self.fail_over(now, format!("final checkpoint {id} timed out"), out);
+            if kind.ends_input() && self.phase != Phase::FailingOver {
+                self.fail_over(now, format!("{} {id} timed out", ending_name(kind)), out);
             }
         }
         match self.phase {
@@ -447,6 +506,7 @@ impl<R: Clone> Coordinator<R> {
             if self.ensure_lease(out) {
                 let id = self.issue(now, SnapshotKind::Final, out);
                 self.phase = Phase::Finishing(id);
+                self.ending_kind = SnapshotKind::Final;
             }
             return;
         }
@@ -474,6 +534,32 @@ impl<R: Clone> Coordinator<R> {
         }
     }
 
+    fn savepoint(&mut self, now: TimeMs, stop: bool, out: &mut Vec<Decision<R>>) {
+        let busy = match self.phase {
+            Phase::Running => None,
+            Phase::Finishing(_) | Phase::Draining(_) | Phase::Finished => Some("the job is finishing or stopping"),
+            Phase::FailingOver => Some("the job is failing over; try again once it runs"),
+        };
+        if let Some(why) = busy {
+            out.push(Decision::SavepointRejected { reason: why.into() });
+            return;
+        }
+        if self.savepoint_wanted.is_some() {
+            out.push(Decision::SavepointRejected { reason: "another savepoint is about to start".into() });
+            return;
+        }
+        if !self.ensure_lease(out) {
+            self.savepoint_wanted = Some(stop);
+            return;
+        }
+        let kind = if stop { SnapshotKind::StopSavepoint } else { SnapshotKind::Savepoint };
+        let id = self.issue(now, kind, out);
+        if stop {
+            self.phase = Phase::Finishing(id);
+            self.ending_kind = kind;
+        }
+    }
+
     fn ensure_lease(&mut self, out: &mut Vec<Decision<R>>) -> bool {
         if self.next_id < self.lease_end {
             return true;
@@ -492,8 +578,9 @@ impl<R: Clone> Coordinator<R> {
             assert!(id > l);
         }
         self.next_id = id.next();
-        let barrier =
-            Barrier { checkpoint: id, generation: self.generation, triggered_at: now, kind, mode: self.config.mode };
+        let mode = if kind.is_savepoint() { CheckpointMode::ExactlyOnce } else { self.config.mode };
+        let alignment = self.config.alignment_for(kind);
+        let barrier = Barrier { checkpoint: id, generation: self.generation, triggered_at: now, kind, mode, alignment };
         self.pending.insert(id, Pending { barrier, acks: BTreeMap::new(), committing: false });
         self.last_trigger_at = Some(now);
         out.push(Decision::Trigger { barrier });
@@ -515,8 +602,13 @@ impl<R: Clone> Coordinator<R> {
         if newer {
             self.last_completed = Some(checkpoint);
             // Older pending checkpoints are subsumed: the newer one covers everything they would have.
-            let older: Vec<CheckpointId> =
-                self.pending.range(..checkpoint).filter(|(_, p)| !p.committing).map(|(id, _)| *id).collect();
+            // A savepoint is never subsumed: the user asked for that one.
+            let older: Vec<CheckpointId> = self
+                .pending
+                .range(..checkpoint)
+                .filter(|(_, p)| !p.committing && !p.barrier.kind.is_savepoint())
+                .map(|(id, _)| *id)
+                .collect();
             for id in older {
                 self.abort(id, now, AbortReason::Subsumed { by: checkpoint }, out);
             }
@@ -524,7 +616,7 @@ impl<R: Clone> Coordinator<R> {
         }
         // A final checkpoint whose manifest landed after a failover was decided: complete, but the
         // job still fails over.
-        if p.barrier.kind == SnapshotKind::Final && self.phase != Phase::FailingOver {
+        if p.barrier.kind.ends_input() && self.phase != Phase::FailingOver {
             assert_eq!(self.phase, Phase::Finishing(checkpoint));
             self.phase = Phase::Draining(checkpoint);
         }
@@ -535,13 +627,18 @@ impl<R: Clone> Coordinator<R> {
         let slowest = self.tasks.iter().find(|t| !p.acks.contains_key(t)).copied();
         self.record(p.barrier, now, Outcome::Aborted(reason.clone()), slowest, p.acks.len());
         self.last_end_at = Some(now);
-        let counts = reason.counts_as_failure();
+        // A failed savepoint is reported to whoever asked for it; it does not bring the job closer to
+        // a failover (a failed stop-with-savepoint fails over anyway: its sources ended their input).
+        let counts = reason.counts_as_failure() && !p.barrier.kind.is_savepoint();
         let last = if counts { reason.to_string() } else { String::new() };
         out.push(Decision::Abort { checkpoint: id, reason });
         if counts {
             self.failed_count += 1;
             self.consecutive_failures += 1;
+            // Once the checkpoint that ends the job is complete (draining), an older one failing late
+            // changes nothing.
             if self.consecutive_failures > self.config.tolerable_failures
+                && !matches!(self.phase, Phase::Draining(_))
                 && self.phase != Phase::FailingOver
                 && self.phase != Phase::Finished
             {
@@ -588,5 +685,13 @@ impl<R: Clone> Coordinator<R> {
             slowest_task,
             acked,
         });
+    }
+}
+
+/// How failover reasons name the checkpoint that ends the input.
+fn ending_name(kind: SnapshotKind) -> &'static str {
+    match kind {
+        SnapshotKind::StopSavepoint => "stop-with-savepoint",
+        _ => "final checkpoint",
     }
 }

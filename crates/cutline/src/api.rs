@@ -19,6 +19,11 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
+/// A record type that can cross an edge between tasks. Records in flight may be persisted as channel
+/// state (unaligned checkpoints), so they must be serialisable. Implemented for every such type.
+pub trait Data: Send + Serialize + serde::de::DeserializeOwned + 'static {}
+impl<T: Send + Serialize + serde::de::DeserializeOwned + 'static> Data for T {}
+
 /// Either of two record types: the input of a two-input operator (see [`Stream::connect`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Either<A, B> {
@@ -294,7 +299,9 @@ impl<T: Send + 'static> Stream<T> {
     pub fn key_by<K: Key>(self, key: impl Fn(&T) -> K + Send + Sync + 'static) -> KeyedStream<K, T> {
         KeyedStream { stream: self, key: Arc::new(key), parallelism: None }
     }
+}
 
+impl<T: Data> Stream<T> {
     /// Close every part into an edge to `to`; each part's router is made by `part_fn`.
     fn close_into(self, to: usize, kind: EdgeKind, part_fn: Arc<dyn Fn() -> Partitioner<T> + Send + Sync>) -> Job {
         let job = self.job.clone();
@@ -335,7 +342,7 @@ impl<T: Send + 'static> Stream<T> {
         let job = self.close_into(stage, kind, part);
         let chain: ChainFn<T> = Arc::new(|ctx, tail| {
             let inputs = ctx.take_inputs::<T>();
-            Ok(Box::new(InputBody { inputs, head: Box::new(Identity { next: tail }) }) as Box<dyn TaskBody>)
+            Ok(Box::new(InputBody::new(ctx, inputs, Box::new(Identity { next: tail }))?) as Box<dyn TaskBody>)
         });
         Stream { job, parts: vec![Part { stage, chain }] }
     }
@@ -416,7 +423,7 @@ impl<T: Send + 'static> Stream<T> {
     }
 }
 
-impl<K: Key, T: Send + 'static> KeyedStream<K, T> {
+impl<K: Key, T: Data> KeyedStream<K, T> {
     /// Parallelism of the keyed operator (default: the job's).
     pub fn parallelism(mut self, p: u32) -> Self {
         self.parallelism = Some(p);
@@ -459,7 +466,7 @@ impl<K: Key, T: Send + 'static> KeyedStream<K, T> {
                 next: tail,
             };
             op.restore(ctx.restore)?;
-            Ok(Box::new(InputBody { inputs, head: Box::new(op) }) as Box<dyn TaskBody>)
+            Ok(Box::new(InputBody::new(ctx, inputs, Box::new(op))?) as Box<dyn TaskBody>)
         });
         Stream { job, parts: vec![Part { stage, chain }] }
     }
@@ -496,7 +503,7 @@ impl<K: Key, T: Send + 'static> KeyedStream<K, T> {
     }
 }
 
-impl<A: Send + 'static, B: Send + 'static> ConnectedStreams<A, B> {
+impl<A: Data, B: Data> ConnectedStreams<A, B> {
     /// Key both inputs; the keyed operator then sees `Either::Left` / `Either::Right` records, each
     /// key's records of both inputs at the same subtask with the same state.
     pub fn key_by<K: Key>(

@@ -116,6 +116,29 @@ pub(crate) enum Carried {
     Continue,
     FailOver(String),
     Finished(CheckpointId),
+    /// Stopped with the savepoint of a stop-with-savepoint, every task committed and finished.
+    Stopped(CheckpointId),
+}
+
+/// What happened to savepoints while decisions were carried out (the runtime answers requests).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum SavepointEvent {
+    Triggered {
+        checkpoint: CheckpointId,
+        stop: bool,
+    },
+    /// Its manifest is durable: it is a complete checkpoint, ready to export.
+    Completed {
+        checkpoint: CheckpointId,
+    },
+    /// Some checkpoint was aborted (the runtime knows which one is its savepoint).
+    Aborted {
+        checkpoint: CheckpointId,
+        reason: String,
+    },
+    Rejected {
+        reason: String,
+    },
 }
 
 /// Everything `carry_out` needs besides the coordinator and the control plane.
@@ -127,6 +150,7 @@ pub(crate) struct DriverCtx<'a> {
     pub lease_end: &'a mut CheckpointId,
     pub stats: &'a mut CheckpointLog,
     pub unix_ms: u64,
+    pub savepoints: Vec<SavepointEvent>,
 }
 
 /// Statistics of the checkpoints of a run, assembled from acks and the coordinator's history.
@@ -157,18 +181,30 @@ pub(crate) fn carry_out(
                 *ctx.lease_end = lease_end;
                 coord.handle(plane.now(), Event::LeaseExtended { lease_end }, &mut out);
             }
-            Decision::Trigger { barrier } => plane.send_all(Control::Trigger(barrier), true),
+            Decision::Trigger { barrier } => {
+                if barrier.kind.is_savepoint() {
+                    let stop = barrier.kind == SnapshotKind::StopSavepoint;
+                    ctx.savepoints.push(SavepointEvent::Triggered { checkpoint: barrier.checkpoint, stop });
+                }
+                plane.send_all(Control::Trigger(barrier), true)
+            }
+            Decision::SavepointRejected { reason } => ctx.savepoints.push(SavepointEvent::Rejected { reason }),
             Decision::CommitManifest { checkpoint, kind, generation, reports } => {
                 assert_eq!(generation, ctx.generation, "manifest of another generation");
                 let max = |f: &dyn Fn(&AckReport) -> u64| reports.iter().map(|(_, r)| f(r)).max().unwrap_or(0);
                 let summary = CheckpointSummary {
                     checkpoint,
                     is_final: kind == SnapshotKind::Final,
+                    is_savepoint: kind.is_savepoint(),
                     alignment_ms: max(&|r| r.timings.alignment_ms),
                     start_delay_ms: max(&|r| r.timings.start_delay_ms),
                     persist_ms: max(&|r| r.persist_ms),
                     encode_us: max(&|r| r.encode_us),
                     write_us: max(&|r| r.write_us),
+                    unaligned_tasks: reports.iter().filter(|(_, r)| r.timings.unaligned).count() as u32,
+                    switched_tasks: reports.iter().filter(|(_, r)| r.timings.switched).count() as u32,
+                    channel_state_bytes: reports.iter().map(|(_, r)| r.timings.channel_state_bytes).sum(),
+                    kind: Some(kind),
                     ..Default::default()
                 };
                 let mut tasks: Vec<TaskStateHandle> = reports.into_iter().map(|(_, r)| r.handle).collect();
@@ -186,6 +222,9 @@ pub(crate) fn carry_out(
                     Ok(()) => {
                         ctx.stats.pending.insert(checkpoint, CheckpointSummary { bytes, ..summary });
                         plane.committed(checkpoint)?;
+                        if kind.is_savepoint() {
+                            ctx.savepoints.push(SavepointEvent::Completed { checkpoint });
+                        }
                         coord.handle(plane.now(), Event::ManifestCommitted { checkpoint }, &mut out);
                     }
                     Err(e) => {
@@ -204,8 +243,9 @@ pub(crate) fn carry_out(
                         s.slowest_task.and_then(|t| stats.task_names.get(t.0 as usize).cloned()).unwrap_or_default();
                     plane.log(&|| {
                         format!(
-                            "checkpoint {} complete in {} ms: {} bytes, alignment {} ms, start delay {} ms, persist {} ms (encode {} us, write {} us), last ack from {}",
-                            sum.checkpoint, sum.duration_ms, sum.bytes, sum.alignment_ms, sum.start_delay_ms, sum.persist_ms, sum.encode_us, sum.write_us, sum.slowest_task
+                            "{} {} complete in {} ms: {} bytes ({} in flight), alignment {} ms, start delay {} ms, persist {} ms (encode {} us, write {} us), {} unaligned task(s) ({} switched), last ack from {}",
+                            if sum.is_savepoint { "savepoint" } else { "checkpoint" },
+                            sum.checkpoint, sum.duration_ms, sum.bytes, sum.channel_state_bytes, sum.alignment_ms, sum.start_delay_ms, sum.persist_ms, sum.encode_us, sum.write_us, sum.unaligned_tasks, sum.switched_tasks, sum.slowest_task
                         )
                     });
                     stats.done.push(sum);
@@ -214,13 +254,18 @@ pub(crate) fn carry_out(
                 ctx.store.gc(ctx.retain, &coord.pending())?;
             }
             Decision::Abort { checkpoint, reason } => {
-                plane.log(&|| format!("checkpoint {checkpoint} aborted: {reason:?}"));
+                plane.log(&|| format!("checkpoint {checkpoint} aborted: {reason}"));
+                ctx.savepoints.push(SavepointEvent::Aborted { checkpoint, reason: reason.to_string() });
                 ctx.stats.pending.remove(&checkpoint);
                 plane.send_all(Control::Abort(checkpoint), false);
                 discard(ctx.store, checkpoint, plane);
             }
             Decision::FailOver { reason } => return Ok(Carried::FailOver(reason)),
-            Decision::JobFinished { checkpoint } => {
+            Decision::JobFinished { checkpoint, kind } => {
+                if kind == SnapshotKind::StopSavepoint {
+                    // Stopped, not finished: running the job again resumes from the savepoint.
+                    return Ok(Carried::Stopped(checkpoint));
+                }
                 ctx.store.mark_finished(checkpoint)?;
                 return Ok(Carried::Finished(checkpoint));
             }

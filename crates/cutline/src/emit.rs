@@ -5,9 +5,9 @@
 //! stateful elements snapshot and sinks prepare/commit in chain order. It does not decide when those
 //! hooks run: the task's control plane does (see `task.rs`).
 
+use crate::channel::Tx;
 use crate::message::{Message, TaskError};
 use crate::state::{KeyHasher, SnapshotBuilder};
-use crossbeam_channel::Sender;
 use cutline_core::barrier::Barrier;
 use cutline_core::{CheckpointId, KeyGroup};
 use std::sync::Arc;
@@ -26,6 +26,8 @@ pub(crate) trait Emit<T>: Send {
     }
     /// Send buffered records downstream.
     fn flush(&mut self) -> Result<(), TaskError>;
+    /// May the task start work that produces output (every output channel has credit)?
+    fn has_credit(&self) -> bool;
     /// The task aligned `barrier`: add this element's state to `snap`, then pass the hook on. A router
     /// flushes and forwards the barrier; a sink prepares its transaction.
     fn on_barrier(&mut self, barrier: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError>;
@@ -44,6 +46,9 @@ macro_rules! delegate_lifecycle {
     () => {
         fn flush(&mut self) -> Result<(), TaskError> {
             self.next.flush()
+        }
+        fn has_credit(&self) -> bool {
+            self.next.has_credit()
         }
         fn on_end(&mut self) -> Result<(), TaskError> {
             self.next.on_end()
@@ -136,14 +141,14 @@ pub(crate) enum Partitioner<T> {
 
 /// The end of a task's chain on an edge: batches records per output channel and sends them.
 pub(crate) struct Router<T> {
-    outs: Vec<Sender<Message<T>>>,
+    outs: Vec<Tx<T>>,
     bufs: Vec<Vec<T>>,
     part: Partitioner<T>,
     batch_size: usize,
 }
 
 impl<T: Send> Router<T> {
-    pub fn new(outs: Vec<Sender<Message<T>>>, part: Partitioner<T>, batch_size: usize) -> Router<T> {
+    pub fn new(outs: Vec<Tx<T>>, part: Partitioner<T>, batch_size: usize) -> Router<T> {
         assert!(!outs.is_empty(), "a router needs at least one output channel");
         assert!(batch_size >= 1);
         if matches!(part, Partitioner::Forward) {
@@ -159,7 +164,7 @@ impl<T: Send> Router<T> {
         buf.push(item);
         if buf.len() >= self.batch_size {
             let full = std::mem::replace(buf, Vec::with_capacity(self.batch_size));
-            self.outs[i].send(Message::Data(full)).map_err(|_| TaskError::Disconnected)?;
+            self.outs[i].push(Message::Data(full)).map_err(|_| TaskError::Disconnected)?;
         }
         Ok(())
     }
@@ -167,7 +172,7 @@ impl<T: Send> Router<T> {
     fn send_all(&mut self, make: impl Fn() -> Message<T>) -> Result<(), TaskError> {
         self.flush()?;
         for out in &self.outs {
-            out.send(make()).map_err(|_| TaskError::Disconnected)?;
+            out.push(make()).map_err(|_| TaskError::Disconnected)?;
         }
         Ok(())
     }
@@ -204,10 +209,14 @@ impl<T: Send> Emit<T> for Router<T> {
         for i in 0..self.outs.len() {
             if !self.bufs[i].is_empty() {
                 let full = std::mem::replace(&mut self.bufs[i], Vec::with_capacity(self.batch_size));
-                self.outs[i].send(Message::Data(full)).map_err(|_| TaskError::Disconnected)?;
+                self.outs[i].push(Message::Data(full)).map_err(|_| TaskError::Disconnected)?;
             }
         }
         Ok(())
+    }
+
+    fn has_credit(&self) -> bool {
+        self.outs.iter().all(|o| o.has_credit())
     }
 
     fn on_barrier(&mut self, b: &Barrier, _snap: &mut SnapshotBuilder) -> Result<(), TaskError> {

@@ -5,8 +5,10 @@
 //! It does not run anything: the threaded runtime and the simulation take the deployed tasks and drive
 //! them.
 
+use crate::api::Data;
+use crate::channel::{channel, ChannelProbe, Rx, Tx, Waker};
 use crate::fault::Faults;
-use crate::message::{Message, TaskError};
+use crate::message::TaskError;
 use crate::state::RestoreIndex;
 use crate::task::{Task, TaskBody};
 use cutline_core::TaskId;
@@ -15,6 +17,7 @@ use std::sync::Arc;
 
 /// Everything a stage factory may use to build one task.
 pub(crate) struct StageCtx<'a> {
+    pub stage_uid: String,
     pub subtask: u32,
     pub parallelism: u32,
     pub max_parallelism: u32,
@@ -24,24 +27,22 @@ pub(crate) struct StageCtx<'a> {
     pub incarnation: u64,
     pub job_id: String,
     pub batch_size: usize,
-    /// Per input edge, in the stage's input order: a boxed `Vec<Receiver<Message<T>>>`.
+    /// Per input edge, in the stage's input order: a boxed `Vec<Rx<T>>`.
     pub inputs: Vec<Box<dyn Any + Send>>,
-    /// The boxed `Vec<Sender<Message<T>>>` of the stage's output edge, if it has one.
+    /// The boxed `Vec<Tx<T>>` of the stage's output edge, if it has one.
     pub output: Option<Box<dyn Any + Send>>,
 }
 
 impl StageCtx<'_> {
-    pub fn take_inputs<T: Send + 'static>(&mut self) -> Vec<crossbeam_channel::Receiver<Message<T>>> {
+    pub fn take_inputs<T: Send + 'static>(&mut self) -> Vec<Rx<T>> {
         let mut all = Vec::new();
         for b in self.inputs.drain(..) {
-            let v = b
-                .downcast::<Vec<crossbeam_channel::Receiver<Message<T>>>>()
-                .expect("input edge carries another record type");
+            let v = b.downcast::<Vec<Rx<T>>>().expect("input edge carries another record type");
             all.extend(*v);
         }
         all
     }
-    pub fn take_output<T: Send + 'static>(&mut self) -> Vec<crossbeam_channel::Sender<Message<T>>> {
+    pub fn take_output<T: Send + 'static>(&mut self) -> Vec<Tx<T>> {
         *self
             .output
             .take()
@@ -53,39 +54,58 @@ impl StageCtx<'_> {
 
 pub(crate) type StageFactory = Arc<dyn Fn(&mut StageCtx<'_>) -> Result<Box<dyn TaskBody>, TaskError> + Send + Sync>;
 
-/// Makes the channels of one edge: per upstream subtask its boxed senders, per downstream subtask its
-/// boxed receivers. `capacity` None means unbounded (simulation only).
-pub(crate) type ChannelFactory =
-    Arc<dyn Fn(u32, u32, bool, Option<usize>) -> (Vec<Box<dyn Any + Send>>, Vec<Box<dyn Any + Send>>) + Send + Sync>;
+/// What the channel factory of one edge gets: the wakers of the tasks on both sides, the capacity,
+/// and names for metrics.
+pub(crate) struct EdgePlan<'a> {
+    pub up: &'a [Arc<Waker>],
+    pub down: &'a [Arc<Waker>],
+    pub forward: bool,
+    pub capacity: usize,
+    pub from: &'a str,
+    pub to: &'a str,
+}
 
-pub(crate) fn channel_factory<T: Send + 'static>() -> ChannelFactory {
-    Arc::new(|up: u32, down: u32, forward: bool, capacity: Option<usize>| {
-        let make = || match capacity {
-            Some(c) => crossbeam_channel::bounded::<Message<T>>(c),
-            None => crossbeam_channel::unbounded::<Message<T>>(),
+/// The channels of one edge: per upstream subtask its boxed `Vec<Tx<T>>`, per downstream subtask its
+/// boxed `Vec<Rx<T>>` and the probes of those channels.
+pub(crate) struct EdgeChannels {
+    pub senders: Vec<Box<dyn Any + Send>>,
+    pub receivers: Vec<Box<dyn Any + Send>>,
+    pub probes: Vec<Vec<ChannelProbe>>,
+}
+
+/// Makes the channels of one edge.
+pub(crate) type ChannelFactory = Arc<dyn Fn(&EdgePlan<'_>) -> EdgeChannels + Send + Sync>;
+
+pub(crate) fn channel_factory<T: Data>() -> ChannelFactory {
+    Arc::new(|plan: &EdgePlan<'_>| {
+        let (up, down) = (plan.up.len(), plan.down.len());
+        let mut senders: Vec<Vec<Tx<T>>> = (0..up).map(|_| Vec::new()).collect();
+        let mut receivers: Vec<Vec<Rx<T>>> = (0..down).map(|_| Vec::new()).collect();
+        let mut make = |u: usize, d: usize| {
+            let name = format!("{}#{u}->{}#{d}", plan.from, plan.to);
+            let (s, r) = channel::<T>(plan.capacity, plan.up[u].clone(), plan.down[d].clone(), name);
+            senders[u].push(s);
+            receivers[d].push(r);
         };
-        let mut senders: Vec<Vec<crossbeam_channel::Sender<Message<T>>>> = (0..up).map(|_| Vec::new()).collect();
-        let mut receivers: Vec<Vec<crossbeam_channel::Receiver<Message<T>>>> = (0..down).map(|_| Vec::new()).collect();
-        if forward {
+        if plan.forward {
             assert_eq!(up, down, "forward edge between different parallelisms");
-            for i in 0..up as usize {
-                let (s, r) = make();
-                senders[i].push(s);
-                receivers[i].push(r);
+            for i in 0..up {
+                make(i, i);
             }
         } else {
             // Channel (u, d): senders of u ordered by d, receivers of d ordered by u.
-            for tx in senders.iter_mut() {
-                for rx in receivers.iter_mut() {
-                    let (s, r) = make();
-                    tx.push(s);
-                    rx.push(r);
+            for u in 0..up {
+                for d in 0..down {
+                    make(u, d);
                 }
             }
         }
-        let s = senders.into_iter().map(|v| Box::new(v) as Box<dyn Any + Send>).collect();
-        let r = receivers.into_iter().map(|v| Box::new(v) as Box<dyn Any + Send>).collect();
-        (s, r)
+        let probes = receivers.iter().map(|v| v.iter().map(|r| r.probe()).collect()).collect();
+        EdgeChannels {
+            senders: senders.into_iter().map(|v| Box::new(v) as Box<dyn Any + Send>).collect(),
+            receivers: receivers.into_iter().map(|v| Box::new(v) as Box<dyn Any + Send>).collect(),
+            probes,
+        }
     })
 }
 
@@ -129,6 +149,10 @@ pub(crate) struct DeployedTask {
     pub task: Task,
     pub stage: usize,
     pub subtask: u32,
+    /// Rung when the task may have something to do.
+    pub waker: Arc<Waker>,
+    /// The channels this task reads.
+    pub inputs: Vec<ChannelProbe>,
 }
 
 /// Settings of one deployment.
@@ -140,7 +164,10 @@ pub(crate) struct DeployOptions<'a> {
     /// Short id of the job (see `SinkContext::job`).
     pub job_id: String,
     pub batch_size: usize,
-    pub channel_capacity: Option<usize>,
+    /// Batches per channel (credit).
+    pub channel_capacity: usize,
+    /// Limit of one checkpoint's channel state at one task.
+    pub max_channel_state_bytes: u64,
 }
 
 impl JobGraph {
@@ -153,9 +180,12 @@ impl JobGraph {
         self.stages.iter().map(|s| s.parallelism as usize).sum()
     }
 
-    /// Every stateful element uid of the job.
-    pub(crate) fn state_uids(&self) -> impl Iterator<Item = &str> {
-        self.stages.iter().flat_map(|s| s.state_uids.iter().map(|u| u.as_str()))
+    /// Every state element uid of the job: stateful operators, and the channel state of stages with
+    /// inputs.
+    pub(crate) fn state_uids(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.stages.iter().flat_map(|s| s.state_uids.iter().cloned()).collect();
+        v.extend(self.stages.iter().filter(|s| !s.inputs.is_empty()).map(|s| crate::task::channel_state_uid(&s.uid)));
+        v
     }
 
     /// A stable description of the graph's shape (stage ids, parallelism, edges).
@@ -174,15 +204,25 @@ impl JobGraph {
 
     /// Create channels and tasks for one generation. Task ids are dense, stage by stage.
     pub(crate) fn deploy(&self, opts: &DeployOptions<'_>) -> Result<Vec<DeployedTask>, TaskError> {
+        let wakers: Vec<Vec<Arc<Waker>>> =
+            self.stages.iter().map(|st| (0..st.parallelism).map(|_| Waker::new()).collect()).collect();
         // Channels per edge.
         let mut up_ends: Vec<Vec<Option<Box<dyn Any + Send>>>> = Vec::new();
         let mut down_ends: Vec<Vec<Option<Box<dyn Any + Send>>>> = Vec::new();
+        let mut probes: Vec<Vec<Vec<ChannelProbe>>> = Vec::new();
         for e in self.edges.iter() {
-            let up = self.stages[e.from].parallelism;
-            let down = self.stages[e.to].parallelism;
-            let (s, r) = (e.channels)(up, down, e.kind == EdgeKind::Forward, opts.channel_capacity);
-            up_ends.push(s.into_iter().map(Some).collect());
-            down_ends.push(r.into_iter().map(Some).collect());
+            let plan = EdgePlan {
+                up: &wakers[e.from],
+                down: &wakers[e.to],
+                forward: e.kind == EdgeKind::Forward,
+                capacity: opts.channel_capacity,
+                from: &self.stages[e.from].uid,
+                to: &self.stages[e.to].uid,
+            };
+            let ch = (e.channels)(&plan);
+            up_ends.push(ch.senders.into_iter().map(Some).collect());
+            down_ends.push(ch.receivers.into_iter().map(Some).collect());
+            probes.push(ch.probes);
         }
         let mut tasks = Vec::with_capacity(self.task_count());
         let mut next_id = 0u32;
@@ -194,8 +234,10 @@ impl JobGraph {
                     .iter()
                     .map(|&e| down_ends[e][sub as usize].take().expect("input end taken once"))
                     .collect();
+                let input_probes = st.inputs.iter().flat_map(|&e| probes[e][sub as usize].iter().cloned()).collect();
                 let output = st.output.map(|e| up_ends[e][sub as usize].take().expect("output end taken once"));
                 let mut ctx = StageCtx {
+                    stage_uid: st.uid.clone(),
                     subtask: sub,
                     parallelism: st.parallelism,
                     max_parallelism: self.max_parallelism,
@@ -212,9 +254,11 @@ impl JobGraph {
                 next_id += 1;
                 let name = format!("{}#{}", st.uid, sub);
                 tasks.push(DeployedTask {
-                    task: Task::new(id, name, body, opts.faults.clone()),
+                    task: Task::new(id, name, body, opts.faults.clone(), opts.max_channel_state_bytes),
                     stage: si,
                     subtask: sub,
+                    waker: wakers[si][sub as usize].clone(),
+                    inputs: input_probes,
                 });
             }
         }

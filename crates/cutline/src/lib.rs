@@ -22,12 +22,14 @@
 //! ```
 
 mod api;
+mod channel;
 mod driver;
 mod emit;
 mod fault;
 mod graph;
 mod message;
 pub mod runtime;
+mod savepoint;
 pub mod sim;
 mod sink;
 mod source;
@@ -36,8 +38,9 @@ mod task;
 
 pub mod jobs;
 
-pub use api::{ConnectedStreams, Either, GraphError, Job, KeyedStream, Stream};
-pub use cutline_core::barrier::CheckpointMode;
+pub use api::{ConnectedStreams, Data, Either, GraphError, Job, KeyedStream, Stream};
+pub use channel::ChannelStats;
+pub use cutline_core::barrier::{Alignment, CheckpointMode, SnapshotKind};
 pub use cutline_core::coordinator::CheckpointConfig;
 pub use cutline_core::restart::RestartStrategy;
 pub use cutline_core::{CheckpointId, Generation};
@@ -46,7 +49,10 @@ pub use emit::DEFAULT_BATCH_SIZE;
 pub use fault::{FaultPoint, Faults};
 pub use graph::{EdgeKind, JobGraph};
 pub use message::TaskError;
-pub use runtime::{run, spawn, CheckpointSummary, JobHandle, JobReport, RunConfig, RunError};
+pub use runtime::{
+    run, spawn, CheckpointSummary, JobControl, JobHandle, JobMetrics, JobReport, RunConfig, RunError, TaskReport,
+};
+pub use savepoint::SavepointInfo;
 pub use sink::{
     DiscardSink, MemoryTxnSink, MemoryTxnStore, PendingFile, PrintSink, Sink, SinkContext, TransactionalFileSink,
 };

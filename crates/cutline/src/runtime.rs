@@ -5,17 +5,19 @@
 //! It owns no protocol logic of its own: the coordinator, aligner and restart policy decide; this module
 //! moves messages, bytes and threads.
 
+use crate::channel::Waker;
 use crate::driver::{
     carry_out, coordinator_for, next_generation, task_metas, write_snapshot, Carried, CheckpointLog, ControlPlane,
-    DriverCtx, SnapshotJob, TaskMeta,
+    DriverCtx, SavepointEvent, SnapshotJob, TaskMeta,
 };
 use crate::fault::Faults;
 use crate::graph::{DeployOptions, DeployedTask, JobGraph};
 use crate::message::{Control, TaskError};
+use crate::savepoint::SavepointInfo;
 use crate::source::SourceStatus;
 use crate::state::{RestoreIndex, SnapshotBuilder};
 use crate::task::{SnapshotTimings, SourcePhase, Task, TaskEnv};
-use crossbeam_channel::{Receiver, Select, Sender};
+use crossbeam_channel::{Receiver, Sender};
 use cutline_core::barrier::Barrier;
 use cutline_core::barrier::CheckpointMode;
 use cutline_core::coordinator::{CheckpointConfig, Coordinator, Event, EPOCH_LEASE_BLOCK};
@@ -23,6 +25,8 @@ use cutline_core::restart::{choose_restore, Candidate, RestartDecision, RestartS
 use cutline_core::{CheckpointId, Generation, TaskId, TimeMs};
 use cutline_storage::{CheckpointStore, JobMeta, Manifest, StorageError, TaskStateHandle};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -60,7 +64,18 @@ pub struct RunConfig {
     pub tick_ms: u64,
     /// Print a line per checkpoint, failure and restart to stderr.
     pub verbose: bool,
+    /// Limit of the in-flight records one task persists for one unaligned checkpoint; above it the
+    /// task declines the checkpoint (default 256 MiB).
+    pub max_channel_state_bytes: u64,
+    /// Start from this exported savepoint when the store holds no complete checkpoint yet (a later
+    /// restart of the same run resumes from the run's own checkpoints).
+    pub from_savepoint: Option<PathBuf>,
+    /// Where savepoints go when a request names no directory: `<dir>/sp-<checkpoint>`.
+    pub savepoint_dir: Option<PathBuf>,
 }
+
+/// Default of [`RunConfig::max_channel_state_bytes`].
+pub const DEFAULT_MAX_CHANNEL_STATE_BYTES: u64 = 256 << 20;
 
 impl RunConfig {
     pub fn new(store: Arc<dyn CheckpointStore>, job_fingerprint: impl Into<String>) -> RunConfig {
@@ -76,6 +91,9 @@ impl RunConfig {
             faults: Faults::none(),
             tick_ms: DEFAULT_TICK_MS,
             verbose: false,
+            max_channel_state_bytes: DEFAULT_MAX_CHANNEL_STATE_BYTES,
+            from_savepoint: None,
+            savepoint_dir: None,
         }
     }
 
@@ -140,8 +158,11 @@ pub struct JobReport {
     pub checkpoints: Vec<CheckpointSummary>,
     /// Time from each failure to the restored job running again.
     pub recovery_ms: Vec<u64>,
-    /// The run was stopped through [`JobHandle::stop`] before the job finished.
+    /// The run was stopped through [`JobHandle::stop`] or [`JobHandle::stop_with_savepoint`] before
+    /// the job finished.
     pub stopped: bool,
+    /// The savepoint the job stopped with (stop-with-savepoint).
+    pub stopped_with_savepoint: Option<SavepointInfo>,
     pub elapsed_ms: u64,
 }
 
@@ -149,7 +170,9 @@ pub struct JobReport {
 #[derive(Clone, Debug, Default)]
 pub struct CheckpointSummary {
     pub checkpoint: CheckpointId,
+    pub kind: Option<cutline_core::barrier::SnapshotKind>,
     pub is_final: bool,
+    pub is_savepoint: bool,
     /// Trigger to manifest durable.
     pub duration_ms: u64,
     /// Bytes of state files.
@@ -164,6 +187,12 @@ pub struct CheckpointSummary {
     pub write_us: u64,
     /// The task whose acknowledgement came last.
     pub slowest_task: String,
+    /// Tasks that snapshotted unaligned (from the start or after switching).
+    pub unaligned_tasks: u32,
+    /// Tasks where an aligned checkpoint switched to unaligned (alignment timeout or byte limit).
+    pub switched_tasks: u32,
+    /// Bytes of in-flight records persisted as channel state, summed over tasks.
+    pub channel_state_bytes: u64,
 }
 
 /// A task's acknowledgement: where its state went and how long it took.
@@ -184,6 +213,15 @@ enum RtEvent {
     Failed { generation: Generation, task: TaskId, error: String },
 }
 
+/// Where a task's time goes (since the job started), for metrics.
+#[derive(Debug, Default)]
+pub(crate) struct TaskMetrics {
+    /// Sleeping because an output channel had no credit.
+    pub backpressured_us: AtomicU64,
+    /// Sleeping with nothing to read.
+    pub idle_us: AtomicU64,
+}
+
 struct RtEnv {
     start: Instant,
     generation: Generation,
@@ -201,6 +239,10 @@ impl TaskEnv for RtEnv {
         let job = SnapshotJob { generation: self.generation, task, meta, barrier, snap, timings };
         // Writers gone means the job is being torn down; the snapshot no longer matters.
         let _ = self.writer.send((job, Instant::now()));
+    }
+    fn decline(&mut self, task: TaskId, checkpoint: CheckpointId, reason: String) {
+        let _ =
+            self.events.send(RtEvent::Coord(Event::Declined { generation: self.generation, checkpoint, task, reason }));
     }
     fn source_finished(&mut self, task: TaskId) {
         let _ = self.events.send(RtEvent::Coord(Event::SourceFinished { generation: self.generation, task }));
@@ -248,9 +290,9 @@ pub(crate) fn load_checkpoint(
             .add_task_payload(h.subtask.0, h.parallelism, &payload)
             .map_err(|reason| RunError::Restore { checkpoint: id, reason })?;
     }
-    let known: std::collections::BTreeSet<&str> = graph.state_uids().collect();
+    let known: std::collections::BTreeSet<String> = graph.state_uids().into_iter().collect();
     for uid in index.elements.keys() {
-        if !known.contains(uid.as_str()) {
+        if !known.contains(uid) {
             return Err(RunError::Restore {
                 checkpoint: id,
                 reason: format!("it holds state of operator {uid:?}, which this job no longer has; keep the operator's id or start from a fresh state directory"),
@@ -289,6 +331,15 @@ pub(crate) fn restore_latest(
     for (id, reason) in &choice.skipped {
         eprintln!("cutline: WARNING: checkpoint {id} does not verify ({reason}); falling back to an older one");
     }
+    if choice.checkpoint.is_none() && choice.skipped.is_empty() {
+        if let Some(path) = &cfg.from_savepoint {
+            let sp = crate::savepoint::open(path).map_err(RunError::Config)?;
+            eprintln!("cutline: starting from savepoint {} (checkpoint {})", path.display(), sp.checkpoint);
+            let (mut index, _) = load_checkpoint(&sp.store, graph, &cfg.job_fingerprint, sp.checkpoint)?;
+            index.duplicates_allowed = mode == CheckpointMode::AtLeastOnce;
+            return Ok((index, Some(sp.checkpoint)));
+        }
+    }
     let mut index = loaded.unwrap_or_default();
     assert_eq!(index.checkpoint, choice.checkpoint);
     index.skipped = choice.skipped.iter().map(|(id, _)| *id).collect();
@@ -310,7 +361,11 @@ pub(crate) enum Start {
 /// What every process start does before deploying: check the store belongs to this job, stop if the job
 /// already finished, start a new generation and a new epoch lease above everything issued before, and
 /// clear partial attempts of the previous process.
-pub(crate) fn prepare_start(store: &dyn CheckpointStore, fingerprint: &str) -> Result<Start, RunError> {
+pub(crate) fn prepare_start(
+    store: &dyn CheckpointStore,
+    fingerprint: &str,
+    from_savepoint: Option<&std::path::Path>,
+) -> Result<Start, RunError> {
     let damaged = |what: &'static str, advice: &'static str| {
         move |e: StorageError| {
             if e.is_corruption() {
@@ -341,8 +396,16 @@ pub(crate) fn prepare_start(store: &dyn CheckpointStore, fingerprint: &str) -> R
     }
     // Epochs: above the durable lease and above anything in storage, for the whole life of the job.
     let seen = store.max_checkpoint_id_seen()?.map(|c| c.0 + 1).unwrap_or(1);
-    let first = CheckpointId(seen.max(meta.as_ref().map(|m| m.epoch_lease_end.0).unwrap_or(1)));
-    let generation = meta.as_ref().map(|m| m.generation).unwrap_or_default().next();
+    let mut first = CheckpointId(seen.max(meta.as_ref().map(|m| m.epoch_lease_end.0).unwrap_or(1)));
+    let mut generation = meta.as_ref().map(|m| m.generation).unwrap_or_default().next();
+    // A run that may start from a savepoint continues its epochs and generations: the restored
+    // checkpoint must be older than every new epoch, and sink transactions of the job the savepoint
+    // came from must never share a name with new ones.
+    if let Some(path) = from_savepoint {
+        let sp = crate::savepoint::open(path).map_err(RunError::Config)?;
+        first = first.max(sp.checkpoint.next());
+        generation = generation.max(sp.generation.next());
+    }
     let lease_end = CheckpointId(first.0 + EPOCH_LEASE_BLOCK);
     store.write_meta(&JobMeta { job_fingerprint: fingerprint.to_string(), generation, epoch_lease_end: lease_end })?;
     // Partial attempts of a previous process are garbage now. Complete checkpoints all stay until this
@@ -355,28 +418,119 @@ pub(crate) fn prepare_start(store: &dyn CheckpointStore, fingerprint: &str) -> R
 enum Command {
     Stop,
     SetCheckpointConfig(CheckpointConfig, Sender<Result<(), String>>),
+    CheckpointConfig(Sender<CheckpointConfig>),
+    Savepoint { stop: bool, target: Option<PathBuf>, reply: Sender<Result<SavepointInfo, String>> },
+    Metrics(Sender<JobMetrics>),
 }
 
-/// A job running on a background thread: change its checkpoint settings, stop it, wait for it.
-pub struct JobHandle {
+/// What a running job reports about itself (see [`JobControl::metrics`]).
+#[derive(Clone, Debug, Default)]
+pub struct JobMetrics {
+    pub generation: Generation,
+    pub config: CheckpointConfig,
+    pub tasks: Vec<TaskReport>,
+    /// The most recent completed checkpoints of this run (up to [`METRICS_CHECKPOINTS`]).
+    pub checkpoints: Vec<CheckpointSummary>,
+    pub checkpoints_completed: u64,
+    pub checkpoints_failed: u64,
+    /// Checkpoints in flight now.
+    pub pending: Vec<CheckpointId>,
+}
+
+/// Completed checkpoints a [`JobMetrics`] lists.
+pub const METRICS_CHECKPOINTS: usize = 20;
+
+/// One task's flow-control figures since the current generation started.
+#[derive(Clone, Debug, Default)]
+pub struct TaskReport {
+    pub name: String,
+    /// Time spent waiting because an output channel had no credit (backpressure).
+    pub backpressured_ms: u64,
+    /// Time spent waiting with nothing to read.
+    pub idle_ms: u64,
+    /// Occupancy of the channels the task reads.
+    pub inputs: Vec<crate::channel::ChannelStats>,
+}
+
+/// A cloneable remote control of a running job: change settings, take savepoints, read metrics, stop.
+#[derive(Clone)]
+pub struct JobControl {
     commands: Sender<Command>,
-    thread: JoinHandle<Result<JobReport, RunError>>,
 }
 
-impl JobHandle {
+fn ended<T>(_: T) -> String {
+    "the job has ended".to_string()
+}
+
+impl JobControl {
     /// Change the checkpoint settings (interval, timeout, min pause, concurrency, tolerable failures,
-    /// mode) while the job runs; they apply from the next checkpoint trigger. Invalid settings are
-    /// refused with the reason, and the old ones stay.
+    /// mode, unaligned, alignment timeout and byte limit) while the job runs; they apply from the next
+    /// checkpoint trigger. Invalid settings are refused with the reason, and the old ones stay.
     pub fn set_checkpoint_config(&self, config: CheckpointConfig) -> Result<(), String> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.commands.send(Command::SetCheckpointConfig(config, tx)).map_err(|_| "the job has ended".to_string())?;
-        rx.recv().map_err(|_| "the job has ended".to_string())?
+        self.commands.send(Command::SetCheckpointConfig(config, tx)).map_err(ended)?;
+        rx.recv().map_err(ended)?
+    }
+
+    /// The checkpoint settings in force.
+    pub fn checkpoint_config(&self) -> Result<CheckpointConfig, String> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.commands.send(Command::CheckpointConfig(tx)).map_err(ended)?;
+        rx.recv().map_err(ended)
+    }
+
+    /// Take a savepoint now (always aligned and exactly-once) and export it to `target` (a new or
+    /// empty directory; default `RunConfig::savepoint_dir/sp-<checkpoint>`). Returns once it is
+    /// exported and verified.
+    pub fn savepoint(&self, target: Option<PathBuf>) -> Result<SavepointInfo, String> {
+        self.savepoint_request(false, target)
+    }
+
+    /// Take a savepoint after which the sources stop: the job drains, commits its output up to the
+    /// savepoint and stops. If the savepoint fails, the job fails over and keeps running, and the
+    /// error says why. Wait for the job with [`JobHandle::join`].
+    pub fn stop_with_savepoint(&self, target: Option<PathBuf>) -> Result<SavepointInfo, String> {
+        self.savepoint_request(true, target)
+    }
+
+    fn savepoint_request(&self, stop: bool, target: Option<PathBuf>) -> Result<SavepointInfo, String> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.commands.send(Command::Savepoint { stop, target, reply: tx }).map_err(ended)?;
+        rx.recv().map_err(|_| "the job ended before the savepoint completed".to_string())?
+    }
+
+    /// Flow-control and checkpoint figures of the running job.
+    pub fn metrics(&self) -> Result<JobMetrics, String> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.commands.send(Command::Metrics(tx)).map_err(ended)?;
+        rx.recv().map_err(ended)
     }
 
     /// Stop the job: every task is torn down without a further checkpoint. Output committed so far
     /// stays; running the job again on the same store resumes from its latest complete checkpoint.
     pub fn stop(&self) {
         let _ = self.commands.send(Command::Stop);
+    }
+}
+
+/// A job running on a background thread: control it (see [`JobControl`], which it dereferences to)
+/// and wait for it.
+pub struct JobHandle {
+    control: JobControl,
+    thread: JoinHandle<Result<JobReport, RunError>>,
+}
+
+impl std::ops::Deref for JobHandle {
+    type Target = JobControl;
+    fn deref(&self) -> &JobControl {
+        &self.control
+    }
+}
+
+impl JobHandle {
+    /// A cloneable control for other threads (an admin socket, for example).
+    pub fn control(&self) -> JobControl {
+        self.control.clone()
     }
 
     /// Has the job ended (finished, stopped or failed)?
@@ -400,7 +554,7 @@ pub fn spawn(graph: JobGraph, cfg: RunConfig) -> JobHandle {
         .name(format!("cutline-{}", graph.name()))
         .spawn(move || run_with(&graph, cfg, &rx))
         .expect("spawn the job thread");
-    JobHandle { commands: tx, thread }
+    JobHandle { control: JobControl { commands: tx }, thread }
 }
 
 /// Run `graph` to completion with checkpoints and recovery. Starting again on the same store after the
@@ -416,7 +570,7 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
     let _lock = cfg.store.lock()?;
     let started = Instant::now();
     let store = cfg.store.clone();
-    let start = match prepare_start(&*store, &cfg.job_fingerprint)? {
+    let start = match prepare_start(&*store, &cfg.job_fingerprint, cfg.from_savepoint.as_deref())? {
         Start::AlreadyFinished(c) => {
             log(&cfg, || format!("job already finished with checkpoint {c}; nothing to do"));
             return Ok(JobReport { already_finished: true, final_checkpoint: Some(c), ..Default::default() });
@@ -430,6 +584,7 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
     let mut tracker = RestartTracker::new(cfg.restart.clone());
     let mut coordinator: Option<Coordinator<AckReport>> = None;
     let mut failed_at: Option<Instant> = None;
+    let mut savepoint: Option<SavepointRequest> = None;
     loop {
         let mode = coordinator.as_ref().map(|c| c.config().mode).unwrap_or(cfg.checkpoint.mode);
         let (index, restored) = match restore_latest(&cfg, graph, mode) {
@@ -437,6 +592,7 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
             // Storage that fails to answer (not damaged data) may answer later: a failure like any other.
             Err(RunError::Storage(e)) if !e.is_corruption() => {
                 failed_at.get_or_insert_with(Instant::now);
+                let current = coordinator.as_ref().map(|c| c.config().clone()).unwrap_or(cfg.checkpoint.clone());
                 if !after_failure(
                     &cfg,
                     &mut tracker,
@@ -444,6 +600,7 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
                     format!("reading checkpoints: {e}"),
                     &mut report,
                     commands,
+                    &current,
                 )? {
                     return Ok(stopped(report, coordinator.as_ref(), &mut stats, started));
                 }
@@ -465,7 +622,8 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
             incarnation_base: generation.0 << 32,
             job_id: job_id(&cfg.job_fingerprint),
             batch_size: cfg.batch_size,
-            channel_capacity: Some(cfg.channel_capacity),
+            channel_capacity: cfg.channel_capacity,
+            max_channel_state_bytes: cfg.max_channel_state_bytes,
         };
         let deployed = match catch_unwind(AssertUnwindSafe(|| graph.deploy(&opts))).unwrap_or_else(|p| {
             Err(TaskError::State { uid: "(deploy)".into(), message: format!("panicked: {}", panic_message(&*p)) })
@@ -477,7 +635,8 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
                 // A source or sink failed to open or recover: a failure like any other.
                 let reason = format!("deploying {generation}: {e}");
                 failed_at.get_or_insert_with(Instant::now);
-                if !after_failure(&cfg, &mut tracker, started, reason, &mut report, commands)? {
+                let current = coordinator.as_ref().map(|c| c.config().clone()).unwrap_or(cfg.checkpoint.clone());
+                if !after_failure(&cfg, &mut tracker, started, reason, &mut report, commands, &current)? {
                     return Ok(stopped(report, coordinator.as_ref(), &mut stats, started));
                 }
                 generation = next_generation(&*store, &cfg.job_fingerprint, generation, lease_end)?;
@@ -500,8 +659,18 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
         if let Some(at) = failed_at.take() {
             report.recovery_ms.push(at.elapsed().as_millis() as u64);
         }
-        let outcome =
-            run_generation(graph, &cfg, coord, deployed, generation, started, &mut stats, &mut lease_end, commands)?;
+        let outcome = run_generation(
+            graph,
+            &cfg,
+            coord,
+            deployed,
+            generation,
+            started,
+            &mut stats,
+            &mut lease_end,
+            commands,
+            &mut savepoint,
+        )?;
         match outcome {
             GenerationOutcome::Finished(c) => {
                 report.final_checkpoint = Some(c);
@@ -513,12 +682,18 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
             }
             GenerationOutcome::FailedOver(reason) => {
                 failed_at = Some(Instant::now());
-                if !after_failure(&cfg, &mut tracker, started, reason, &mut report, commands)? {
+                let current = coord.config().clone();
+                if !after_failure(&cfg, &mut tracker, started, reason, &mut report, commands, &current)? {
                     return Ok(stopped(report, Some(coord), &mut stats, started));
                 }
                 generation = next_generation(&*store, &cfg.job_fingerprint, generation, lease_end)?;
             }
             GenerationOutcome::Stopped => return Ok(stopped(report, Some(coord), &mut stats, started)),
+            GenerationOutcome::StoppedWithSavepoint(info) => {
+                report.final_checkpoint = None;
+                report.stopped_with_savepoint = Some(info);
+                return Ok(stopped(report, Some(coord), &mut stats, started));
+            }
         }
     }
 }
@@ -548,6 +723,7 @@ fn after_failure(
     reason: String,
     report: &mut JobReport,
     commands: &Receiver<Command>,
+    current: &CheckpointConfig,
 ) -> Result<bool, RunError> {
     log(cfg, || format!("failing over: {reason}"));
     match tracker.on_failure(TimeMs(started.elapsed().as_millis() as u64)) {
@@ -560,6 +736,15 @@ fn after_failure(
                     Ok(Command::Stop) => return Ok(false),
                     Ok(Command::SetCheckpointConfig(_, reply)) => {
                         let _ = reply.send(Err("the job is restarting; try again".into()));
+                    }
+                    Ok(Command::CheckpointConfig(reply)) => {
+                        let _ = reply.send(current.clone());
+                    }
+                    Ok(Command::Savepoint { reply, .. }) => {
+                        let _ = reply.send(Err("the job is restarting; try again".into()));
+                    }
+                    Ok(Command::Metrics(reply)) => {
+                        let _ = reply.send(JobMetrics { config: current.clone(), ..Default::default() });
                     }
                     Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
                         std::thread::sleep(until.saturating_duration_since(Instant::now()));
@@ -578,6 +763,17 @@ enum GenerationOutcome {
     Finished(CheckpointId),
     FailedOver(String),
     Stopped,
+    StoppedWithSavepoint(SavepointInfo),
+}
+
+/// A savepoint asked for through [`JobControl`], until it is exported or fails.
+struct SavepointRequest {
+    stop: bool,
+    target: Option<PathBuf>,
+    reply: Sender<Result<SavepointInfo, String>>,
+    checkpoint: Option<CheckpointId>,
+    /// Exported (a stop-with-savepoint still drains before the job stops).
+    done: Option<SavepointInfo>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -591,6 +787,7 @@ fn run_generation(
     stats: &mut CheckpointLog,
     lease_end: &mut CheckpointId,
     commands: &Receiver<Command>,
+    savepoint: &mut Option<SavepointRequest>,
 ) -> Result<GenerationOutcome, RunError> {
     // Whatever way this function is left (outcome, error, panic), the guard stops and joins every
     // thread. Declared first, it is dropped last: after the channel ends below, so writers see them close.
@@ -616,9 +813,12 @@ fn run_generation(
     stats.task_names = deployed.iter().map(|d| d.task.name.clone()).collect();
     // Tasks.
     let mut source_ids = Vec::new();
+    let mut task_metrics = Vec::new();
+    let mut probes = Vec::new();
     for d in deployed {
         let (c_tx, c_rx) = crossbeam_channel::unbounded::<Control>();
         threads.controls.push(c_tx);
+        threads.wakers.push(d.waker.clone());
         if d.task.is_source() {
             source_ids.push(d.task.id);
         }
@@ -626,17 +826,22 @@ fn run_generation(
             RtEnv { start: started, generation, writer: wr_tx.clone(), events: ev_tx.clone(), metas: metas.clone() };
         let name = d.task.name.clone();
         let task = d.task;
+        let metrics = Arc::new(TaskMetrics::default());
+        task_metrics.push(metrics.clone());
+        probes.push(d.inputs);
+        let waker = d.waker;
         threads.tasks.push(
             std::thread::Builder::new()
                 .name(name)
-                .spawn(move || task_thread(task, c_rx, env))
+                .spawn(move || task_thread(task, c_rx, waker, metrics, env))
                 .map_err(RunError::Spawn)?,
         );
     }
     drop(wr_tx);
     drop(ev_tx);
 
-    let mut plane = ThreadPlane { controls: &threads.controls, sources: &source_ids, started, cfg };
+    let mut plane =
+        ThreadPlane { controls: &threads.controls, wakers: &threads.wakers, sources: &source_ids, started, cfg };
     let mut ctx = DriverCtx {
         store: &*store,
         fingerprint: &cfg.job_fingerprint,
@@ -645,6 +850,7 @@ fn run_generation(
         lease_end,
         stats,
         unix_ms: unix_ms(),
+        savepoints: Vec::new(),
     };
     let tick = Duration::from_millis(cfg.tick_ms);
     let mut next_tick = Instant::now() + tick;
@@ -666,6 +872,37 @@ fn run_generation(
                     plane.log(&|| format!("new checkpoint settings: {config:?}"));
                     let _ = reply.send(coord.set_config(config));
                 }
+                Ok(Command::CheckpointConfig(reply)) => {
+                    let _ = reply.send(coord.config().clone());
+                }
+                Ok(Command::Savepoint { stop, target, reply }) => {
+                    if savepoint.is_some() {
+                        let _ = reply.send(Err("a savepoint is already in progress; wait for it".into()));
+                    } else if target.is_none() && cfg.savepoint_dir.is_none() {
+                        let _ = reply.send(Err("no savepoint directory: name one, or set RunConfig::savepoint_dir".into()));
+                    } else {
+                        *savepoint = Some(SavepointRequest { stop, target, reply, checkpoint: None, done: None });
+                        coord.handle(plane.now(), Event::SavepointRequested { stop }, &mut out);
+                    }
+                }
+                Ok(Command::Metrics(reply)) => {
+                    let done = &ctx.stats.done;
+                    let tasks = ctx.stats.task_names.iter().zip(&task_metrics).zip(&probes).map(|((name, m), p)| TaskReport {
+                        name: name.clone(),
+                        backpressured_ms: m.backpressured_us.load(Ordering::Relaxed) / 1000,
+                        idle_ms: m.idle_us.load(Ordering::Relaxed) / 1000,
+                        inputs: p.iter().map(|p| p.stats()).collect(),
+                    }).collect();
+                    let _ = reply.send(JobMetrics {
+                        generation,
+                        config: coord.config().clone(),
+                        tasks,
+                        checkpoints: done[done.len().saturating_sub(METRICS_CHECKPOINTS)..].to_vec(),
+                        checkpoints_completed: coord.completed_count(),
+                        checkpoints_failed: coord.failed_count(),
+                        pending: coord.pending(),
+                    });
+                }
                 // The handle is gone: the job runs on, and nobody can send commands any more.
                 Err(_) => cmd_rx = crossbeam_channel::never(),
             },
@@ -679,16 +916,89 @@ fn run_generation(
             continue;
         }
         ctx.unix_ms = unix_ms();
-        match carry_out(coord, std::mem::take(&mut out), &mut ctx, &mut plane)? {
+        let carried = carry_out(coord, std::mem::take(&mut out), &mut ctx, &mut plane)?;
+        for ev in ctx.savepoints.drain(..) {
+            answer_savepoint(savepoint, ev, cfg, &*store, &plane);
+        }
+        match carried {
             Carried::Continue => {}
             Carried::FailOver(reason) => break GenerationOutcome::FailedOver(reason),
             Carried::Finished(c) => break GenerationOutcome::Finished(c),
+            Carried::Stopped(c) => {
+                let sp = savepoint.take().expect("stopped with a savepoint nobody asked for");
+                assert_eq!(sp.checkpoint, Some(c));
+                match sp.done {
+                    Some(info) => break GenerationOutcome::StoppedWithSavepoint(info),
+                    // The savepoint is complete (and the job's latest checkpoint), only its copy failed;
+                    // the requester was told.
+                    None => break GenerationOutcome::Stopped,
+                }
+            }
         }
     };
+    if let Some(sp) = savepoint.take_if(|sp| !matches!(outcome, GenerationOutcome::FailedOver(_)) || sp.done.is_none())
+    {
+        if sp.done.is_none() {
+            let _ = sp.reply.send(Err(match &outcome {
+                GenerationOutcome::FailedOver(r) => format!("the job failed over before the savepoint completed ({r}); it keeps running from its latest checkpoint"),
+                _ => "the job ended before the savepoint completed".into(),
+            }));
+        }
+    }
     drop(plane);
     drop(threads); // tear down before the next generation starts
     drop(ev_rx);
     Ok(outcome)
+}
+
+/// Follow a savepoint request through the events of carrying out decisions: learn its checkpoint,
+/// export it once complete, or report why it failed.
+fn answer_savepoint(
+    slot: &mut Option<SavepointRequest>,
+    ev: SavepointEvent,
+    cfg: &RunConfig,
+    store: &dyn CheckpointStore,
+    plane: &dyn ControlPlane,
+) {
+    let Some(sp) = slot.as_mut() else { return };
+    match ev {
+        SavepointEvent::Triggered { checkpoint, stop } => {
+            assert_eq!(stop, sp.stop);
+            assert!(sp.checkpoint.is_none(), "one savepoint request triggered twice");
+            sp.checkpoint = Some(checkpoint);
+            plane.log(&|| format!("savepoint {checkpoint} triggered{}", if stop { " (stop)" } else { "" }));
+        }
+        SavepointEvent::Completed { checkpoint } if sp.checkpoint == Some(checkpoint) => {
+            let target = sp.target.clone().unwrap_or_else(|| {
+                cfg.savepoint_dir.as_ref().expect("checked at request").join(format!("sp-{:020}", checkpoint.0))
+            });
+            let result = crate::savepoint::export(store, checkpoint, &target, &cfg.job_fingerprint).map_err(|e| {
+                format!("savepoint {checkpoint} is complete in the job's store, but exporting it failed: {e}")
+            });
+            if let Ok(info) = &result {
+                plane.log(&|| {
+                    format!("savepoint {checkpoint} exported to {} ({} bytes)", info.path.display(), info.bytes)
+                });
+                sp.done = Some(info.clone());
+            }
+            let _ = sp.reply.send(result);
+            if !sp.stop {
+                *slot = None;
+            }
+        }
+        SavepointEvent::Aborted { checkpoint, reason } if sp.checkpoint == Some(checkpoint) => {
+            let _ = sp.reply.send(Err(format!(
+                "savepoint {checkpoint} failed: {reason}{}",
+                if sp.stop { "; the job keeps running" } else { "" }
+            )));
+            *slot = None;
+        }
+        SavepointEvent::Rejected { reason } if sp.checkpoint.is_none() => {
+            let _ = sp.reply.send(Err(format!("no savepoint now: {reason}")));
+            *slot = None;
+        }
+        _ => {}
+    }
 }
 
 /// The threads of one generation. Dropping it tears the generation down: every task is told to stop
@@ -697,14 +1007,16 @@ fn run_generation(
 #[derive(Default)]
 struct GenerationThreads {
     controls: Vec<Sender<Control>>,
+    wakers: Vec<Arc<Waker>>,
     tasks: Vec<JoinHandle<()>>,
     writers: Vec<JoinHandle<()>>,
 }
 
 impl Drop for GenerationThreads {
     fn drop(&mut self) {
-        for c in &self.controls {
+        for (c, w) in self.controls.iter().zip(&self.wakers) {
             let _ = c.send(Control::Cancel);
+            w.ring();
         }
         self.controls.clear();
         for h in self.tasks.drain(..) {
@@ -743,6 +1055,7 @@ fn writer_loop(
 /// The threaded runtime's control plane: one unbounded control channel per task.
 struct ThreadPlane<'a> {
     controls: &'a [Sender<Control>],
+    wakers: &'a [Arc<Waker>],
     sources: &'a [TaskId],
     started: Instant,
     cfg: &'a RunConfig,
@@ -754,10 +1067,12 @@ impl ControlPlane for ThreadPlane<'_> {
         if sources_only {
             for s in self.sources {
                 let _ = self.controls[s.0 as usize].send(c.clone());
+                self.wakers[s.0 as usize].ring();
             }
         } else {
-            for t in self.controls {
+            for (t, w) in self.controls.iter().zip(self.wakers) {
                 let _ = t.send(c.clone());
+                w.ring();
             }
         }
     }
@@ -789,8 +1104,8 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "(no message)".into())
 }
 
-fn task_thread(mut task: Task, ctrl: Receiver<Control>, mut env: RtEnv) {
-    let result = catch_unwind(AssertUnwindSafe(|| drive(&mut task, &ctrl, &mut env)));
+fn task_thread(mut task: Task, ctrl: Receiver<Control>, waker: Arc<Waker>, metrics: Arc<TaskMetrics>, mut env: RtEnv) {
+    let result = catch_unwind(AssertUnwindSafe(|| drive(&mut task, &ctrl, &waker, &metrics, &mut env)));
     let error = match result {
         Ok(Ok(())) | Ok(Err(TaskError::Cancelled)) => return,
         Ok(Err(e)) => e.to_string(),
@@ -804,77 +1119,71 @@ fn task_thread(mut task: Task, ctrl: Receiver<Control>, mut env: RtEnv) {
     });
 }
 
-fn drive(task: &mut Task, ctrl: &Receiver<Control>, env: &mut RtEnv) -> Result<(), TaskError> {
+/// Longest sleep of a task with nothing to do (every event that gives it work rings its waker; this
+/// only bounds the cost of a lost ring).
+const TASK_IDLE_WAIT_MS: u64 = 50;
+
+/// The loop of one task thread: control messages first, then one batch of work if the outputs have
+/// credit (or only barriers if they do not), else sleep on the waker until something changes.
+fn drive(
+    task: &mut Task,
+    ctrl: &Receiver<Control>,
+    waker: &Waker,
+    metrics: &TaskMetrics,
+    env: &mut RtEnv,
+) -> Result<(), TaskError> {
     task.start()?;
-    if task.is_source() {
+    let n = task.inputs();
+    let mut next_input = 0usize;
+    loop {
+        let seen = waker.rings();
         loop {
-            loop {
-                match ctrl.try_recv() {
-                    Ok(c) => task.on_control(c, env)?,
-                    Err(crossbeam_channel::TryRecvError::Empty) => break,
-                    Err(crossbeam_channel::TryRecvError::Disconnected) => return Err(TaskError::Cancelled),
-                }
-            }
-            if task.is_finished() {
-                return Ok(());
-            }
-            let wait = match task.source_phase() {
-                SourcePhase::Reading => match task.step_source(env)? {
-                    SourceStatus::More => None,
-                    SourceStatus::Idle => Some(Duration::from_millis(SOURCE_IDLE_WAIT_MS)),
-                    SourceStatus::Finished => Some(Duration::MAX),
-                },
-                _ => Some(Duration::MAX),
-            };
-            if let Some(w) = wait {
-                task.flush()?;
-                let c = if w == Duration::MAX {
-                    ctrl.recv().map_err(|_| TaskError::Cancelled)?
-                } else {
-                    match ctrl.recv_timeout(w) {
-                        Ok(c) => c,
-                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => continue,
-                        Err(_) => return Err(TaskError::Cancelled),
-                    }
-                };
-                task.on_control(c, env)?;
+            match ctrl.try_recv() {
+                Ok(c) => task.on_control(c, env)?,
+                Err(crossbeam_channel::TryRecvError::Empty) => break,
+                Err(crossbeam_channel::TryRecvError::Disconnected) => return Err(TaskError::Cancelled),
             }
         }
-    }
-    let n = task.inputs();
-    loop {
         if task.is_finished() {
             return Ok(());
         }
-        let pick = |task: &Task, block: bool| -> Option<Option<usize>> {
-            let mut sel = Select::new();
-            let ci = sel.recv(ctrl);
-            let mut map = Vec::with_capacity(n + 1);
-            map.push((ci, None));
-            for i in 0..n {
-                if task.readable(i) {
-                    map.push((task.body().register(i, &mut sel), Some(i)));
+        let credit = task.has_credit();
+        let mut progressed = false;
+        let mut wait_ms = TASK_IDLE_WAIT_MS;
+        if task.is_source() {
+            if task.source_phase() == SourcePhase::Reading && credit {
+                match task.step_source(env)? {
+                    SourceStatus::More => progressed = true,
+                    SourceStatus::Idle => wait_ms = SOURCE_IDLE_WAIT_MS,
+                    SourceStatus::Finished => {}
                 }
             }
-            let r = if block { Some(sel.ready()) } else { sel.try_ready().ok() }?;
-            map.iter().find(|(op, _)| *op == r).map(|(_, i)| *i)
-        };
-        let picked = match pick(task, false) {
-            Some(p) => p,
-            None => {
-                task.flush()?;
-                pick(task, true).expect("blocking select returns an operation")
+        } else {
+            if task.aligning_with_limit() {
+                task.check_alignment(env)?;
+                wait_ms = 1;
             }
-        };
-        match picked {
-            None => match ctrl.try_recv() {
-                Ok(c) => task.on_control(c, env)?,
-                Err(crossbeam_channel::TryRecvError::Empty) => {}
-                Err(crossbeam_channel::TryRecvError::Disconnected) => return Err(TaskError::Cancelled),
-            },
-            Some(i) => {
-                task.step_input(i, env)?;
+            // One message from the next input that has one, round robin so no input starves.
+            for k in 0..n {
+                let i = (next_input + k) % n;
+                if task.readable(i) && task.has_message(i) && task.step_input(i, env)? {
+                    progressed = true;
+                    next_input = (i + 1) % n;
+                    break;
+                }
             }
+        }
+        if progressed {
+            continue;
+        }
+        task.flush()?;
+        let t = Instant::now();
+        waker.sleep(seen, Duration::from_millis(wait_ms));
+        let slept = t.elapsed().as_micros() as u64;
+        if !credit && !task.is_finished() {
+            metrics.backpressured_us.fetch_add(slept, Ordering::Relaxed);
+        } else {
+            metrics.idle_us.fetch_add(slept, Ordering::Relaxed);
         }
     }
 }

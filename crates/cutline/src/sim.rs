@@ -60,10 +60,26 @@ impl Rng {
     }
 }
 
+/// How exactly-once checkpoints align in a simulation run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimAlignment {
+    Aligned,
+    Unaligned,
+    /// Aligned with a small random alignment timeout and byte limit, so tasks switch.
+    WithTimeout,
+    /// Each process life picks one of the three, and settings change at random while the job runs.
+    Mixed,
+}
+
 /// What a simulation run does. Probabilities are per million scheduler steps (or per operation).
 #[derive(Clone, Debug)]
 pub struct SimOptions {
     pub mode: CheckpointMode,
+    /// Alignment of exactly-once checkpoints (ignored in at-least-once mode).
+    pub alignment: SimAlignment,
+    /// A task stops being scheduled for a random while (up to twice the checkpoint timeout): a
+    /// straggler or a stuck task.
+    pub stall_ppm: u64,
     /// Records of source "left" (parallelism 2) and "right" (parallelism 1, behind a forward edge).
     pub left_records: u64,
     pub right_records: u64,
@@ -75,6 +91,8 @@ pub struct SimOptions {
     pub task_crash_ppm: u64,
     /// The whole process dies (coordinator included) and restarts from storage.
     pub process_crash_ppm: u64,
+    /// A savepoint is requested (a third of them stop the job, which a new process then resumes).
+    pub savepoint_ppm: u64,
     /// A failure is injected at a fault point (snapshot, sink prepare/commit/recover, batch).
     pub fault_point_ppm: u64,
     /// A storage write fails.
@@ -86,6 +104,9 @@ impl Default for SimOptions {
     fn default() -> Self {
         SimOptions {
             mode: CheckpointMode::ExactlyOnce,
+            alignment: SimAlignment::Aligned,
+            stall_ppm: 0,
+            savepoint_ppm: 0,
             left_records: 240,
             right_records: 120,
             rules_records: 30,
@@ -110,9 +131,20 @@ pub struct SimReport {
     pub cuts_checked: u64,
     /// Snapshot writes of an older generation that completed after a failover.
     pub late_writes: u64,
+    /// In-flight batches found in the channel state of checked checkpoints.
+    pub in_flight_batches: u64,
+    /// Task snapshots that switched from aligned to unaligned.
+    pub switched_snapshots: u64,
+    /// Settings changed while the job ran.
+    pub retunes: u64,
+    pub stalls: u64,
+    pub savepoints_requested: u64,
+    pub stopped_with_savepoint: u64,
 }
 
 const FINGERPRINT: &str = "sim-job";
+/// How often settings change at run time in the mixed-alignment scenario.
+const RETUNE_PPM: u64 = 2_000;
 
 fn left_key(i: u64, keys: u64) -> u64 {
     i % keys
@@ -202,13 +234,25 @@ struct SimEnv<'a> {
     writes: &'a mut Vec<SnapshotJob>,
     events: &'a mut VecDeque<SimEvent>,
     metas: &'a [TaskMeta],
+    switched: &'a mut u64,
 }
 
 impl TaskEnv for SimEnv<'_> {
     fn now(&self) -> TimeMs {
         self.now
     }
+    fn decline(&mut self, task: TaskId, checkpoint: CheckpointId, reason: String) {
+        self.events.push_back(SimEvent::Coord(Event::Declined {
+            generation: self.generation,
+            checkpoint,
+            task,
+            reason,
+        }));
+    }
     fn persist(&mut self, task: TaskId, barrier: Barrier, snap: SnapshotBuilder, timings: SnapshotTimings) {
+        if timings.switched {
+            *self.switched += 1;
+        }
         let meta = self.metas[task.0 as usize].clone();
         self.writes.push(SnapshotJob { generation: self.generation, task, meta, barrier, snap, timings });
     }
@@ -286,17 +330,45 @@ impl Sim {
 
     fn config(&self) -> RunConfig {
         let mut cfg = RunConfig::new(self.store.clone(), FINGERPRINT);
-        cfg.checkpoint = CheckpointConfig {
+        cfg.checkpoint = self.checkpoint_config();
+        cfg.retain = 2;
+        cfg.batch_size = 1 + self.rand(4) as usize;
+        cfg.channel_capacity = 1 + self.rand(4) as usize;
+        // Small enough that some unaligned checkpoints are declined for their channel state.
+        cfg.max_channel_state_bytes = 200 + self.rand(4000);
+        cfg
+    }
+
+    /// Random checkpoint settings for the scenario's mode and alignment.
+    fn checkpoint_config(&self) -> CheckpointConfig {
+        let mut c = CheckpointConfig {
             interval_ms: Some(5 + self.rand(20)),
             timeout_ms: 400,
             min_pause_ms: self.rand(3),
             max_concurrent: self.o.max_concurrent,
             tolerable_failures: 2,
             mode: self.o.mode,
+            ..Default::default()
         };
-        cfg.retain = 2;
-        cfg.batch_size = 1 + self.rand(4) as usize;
-        cfg
+        if self.o.mode == CheckpointMode::ExactlyOnce {
+            let alignment = match self.o.alignment {
+                SimAlignment::Mixed => {
+                    [SimAlignment::Aligned, SimAlignment::Unaligned, SimAlignment::WithTimeout][self.rand(3) as usize]
+                }
+                a => a,
+            };
+            match alignment {
+                SimAlignment::Aligned | SimAlignment::Mixed => {}
+                SimAlignment::Unaligned => c.unaligned = true,
+                SimAlignment::WithTimeout => {
+                    c.alignment_timeout_ms = Some(self.rand(8));
+                    if self.rand(2) == 0 {
+                        c.max_aligned_bytes = Some(self.rand(60));
+                    }
+                }
+            }
+        }
+        c
     }
 
     fn run(mut self) -> Result<SimReport, String> {
@@ -338,7 +410,7 @@ impl Sim {
 
     fn process_life(&mut self) -> Result<Life, String> {
         let cfg = self.config();
-        let start = match prepare_start(&*self.store, FINGERPRINT).map_err(|e| e.to_string())? {
+        let start = match prepare_start(&*self.store, FINGERPRINT, None).map_err(|e| e.to_string())? {
             Start::AlreadyFinished(_) => return Ok(Life::Finished),
             Start::Run(s) => s,
         };
@@ -370,7 +442,8 @@ impl Sim {
                 incarnation_base: generation.0 << 32,
                 job_id: crate::runtime::job_id(FINGERPRINT),
                 batch_size: cfg.batch_size,
-                channel_capacity: None,
+                channel_capacity: cfg.channel_capacity,
+                max_channel_state_bytes: cfg.max_channel_state_bytes,
             };
             let deployed = match self.graph.deploy(&opts) {
                 Ok(d) => d,
@@ -398,7 +471,7 @@ impl Sim {
             let mut tasks: Vec<Option<Task>> = deployed.into_iter().map(|d| Some(d.task)).collect();
             match run_generation_sim(self, coord, &mut tasks, &metas, generation, &mut lease_end, &cfg)? {
                 GenEnd::Finished => return Ok(Life::Finished),
-                GenEnd::ProcessCrash => return Ok(Life::Crashed),
+                GenEnd::ProcessCrash | GenEnd::Stopped => return Ok(Life::Crashed),
                 GenEnd::FailOver => {
                     self.report.failovers += 1;
                     for t in tasks.iter_mut().flatten() {
@@ -474,6 +547,43 @@ impl Sim {
                 }
             }
         }
+        // Records in flight at an unaligned checkpoint are part of the cut: they were sent before the
+        // senders' snapshots and are replayed into their receivers on restore.
+        let in_flight = |stage: &str| -> Vec<Vec<u8>> {
+            let uid = crate::task::channel_state_uid(stage);
+            let mut batches = Vec::new();
+            for p in index.elements.get(&uid).map(|v| v.as_slice()).unwrap_or(&[]) {
+                let ElementState::Plain(b) = &p.state else { panic!("channel state is plain") };
+                let cs: crate::task::ChannelState = postcard::from_bytes(b).expect("channel state decodes");
+                batches.extend(cs.inputs.into_iter().flatten());
+            }
+            batches
+        };
+        for b in in_flight("join") {
+            self.report.in_flight_batches += 1;
+            let batch: Vec<Either<(u64, u64), (u64, u64)>> = postcard::from_bytes(&b).expect("join batch");
+            for r in batch {
+                match r {
+                    Either::Left((k, _)) => have.entry(k).or_default().0 += 1,
+                    Either::Right((k, _)) => have.entry(k).or_default().1 += 1,
+                }
+            }
+        }
+        for (stage, left) in [("rules-b", true), ("right-fwd", false)] {
+            for b in in_flight(stage) {
+                self.report.in_flight_batches += 1;
+                let batch: Vec<(u64, u64)> = postcard::from_bytes(&b).expect("batch");
+                for (k, _) in batch {
+                    let e = have.entry(k).or_default();
+                    if left {
+                        e.0 += 1
+                    } else {
+                        e.1 += 1
+                    }
+                }
+            }
+        }
+        self.report.in_flight_batches += in_flight("spread").len() as u64;
         let ok = match self.o.mode {
             CheckpointMode::ExactlyOnce => have == want,
             CheckpointMode::AtLeastOnce => {
@@ -495,6 +605,8 @@ enum Life {
 
 enum GenEnd {
     Finished,
+    /// Stopped with a savepoint: the process ends and a new one resumes from it.
+    Stopped,
     FailOver,
     ProcessCrash,
 }
@@ -540,7 +652,11 @@ fn run_generation_sim(
             *slot = None;
         }
     }
+    // A stalled task is not scheduled until this time (a straggler or a stuck task).
+    let mut stalled_until: Vec<TimeMs> = tasks.iter().map(|_| TimeMs(0)).collect();
+    let mut switched = 0u64;
     loop {
+        sim.report.switched_snapshots += std::mem::take(&mut switched);
         sim.report.steps += 1;
         if sim.report.steps > sim.o.max_steps {
             return Err(format!(
@@ -551,18 +667,46 @@ fn run_generation_sim(
         if sim.chance(sim.o.process_crash_ppm) {
             return Ok(GenEnd::ProcessCrash);
         }
+        if sim.chance(sim.o.stall_ppm) {
+            let ti = sim.rand(tasks.len() as u64) as usize;
+            stalled_until[ti] = sim.now.plus_ms(sim.rand(800));
+            sim.report.stalls += 1;
+        }
+        if sim.o.alignment == SimAlignment::Mixed && sim.chance(RETUNE_PPM) {
+            // Settings change while the job runs; they apply from the next trigger.
+            let c = sim.checkpoint_config();
+            coord.set_config(c).map_err(|e| format!("seed {}: valid settings refused: {e}", sim.seed))?;
+            sim.report.retunes += 1;
+        }
+        if sim.chance(sim.o.savepoint_ppm) {
+            let stop = sim.rand(3) == 0;
+            events.push_back(SimEvent::Coord(Event::SavepointRequested { stop }));
+            sim.report.savepoints_requested += 1;
+        }
+        let now = sim.now;
+        let live = |ti: usize| stalled_until[ti] <= now;
         // Pick one enabled action at random.
         let mut failed: Option<(TaskId, String)> = None;
         let choice = sim.rand(100);
         {
-            let mut env = SimEnv { now: sim.now, generation, writes: &mut writes, events: &mut events, metas };
+            let mut env = SimEnv {
+                now: sim.now,
+                generation,
+                writes: &mut writes,
+                events: &mut events,
+                metas,
+                switched: &mut switched,
+            };
             if choice < 45 {
                 // Deliver one data message on a random (task, readable input) that has one.
                 let mut cands = Vec::new();
                 for (ti, t) in tasks.iter().enumerate() {
                     let Some(t) = t else { continue };
+                    if !live(ti) {
+                        continue;
+                    }
                     if t.is_source() {
-                        if t.source_phase() == SourcePhase::Reading {
+                        if t.source_phase() == SourcePhase::Reading && t.has_credit() {
                             cands.push((ti, None));
                         }
                     } else {
@@ -587,7 +731,7 @@ fn run_generation_sim(
             } else if choice < 60 {
                 // Deliver one control message (per task in order).
                 let cands: Vec<usize> =
-                    (0..tasks.len()).filter(|i| tasks[*i].is_some() && !controls[*i].is_empty()).collect();
+                    (0..tasks.len()).filter(|i| tasks[*i].is_some() && !controls[*i].is_empty() && live(*i)).collect();
                 if !cands.is_empty() {
                     let ti = cands[sim.rand(cands.len() as u64) as usize];
                     let c = controls[ti].pop_front().expect("non-empty");
@@ -609,7 +753,7 @@ fn run_generation_sim(
             } else if choice < 80 {
                 // Flush a random task's partial batches.
                 let ti = sim.rand(tasks.len() as u64) as usize;
-                if let Some(t) = tasks[ti].as_mut() {
+                if let Some(t) = tasks[ti].as_mut().filter(|_| live(ti)) {
                     if let Err(e) = t.flush() {
                         failed = Some((t.id, e.to_string()));
                     }
@@ -620,9 +764,18 @@ fn run_generation_sim(
                     failed = Some((t.id, "crashed by the simulation".into()));
                 }
             } else {
-                // Time passes.
+                // Time passes: coordinator timers, and alignment timeouts at the tasks.
                 sim.now = sim.now.plus_ms(sim.rand(3));
+                env.now = sim.now;
                 env.events.push_back(SimEvent::Coord(Event::Tick));
+                for (ti, slot) in tasks.iter_mut().enumerate() {
+                    if let Some(t) = slot.as_mut().filter(|_| stalled_until[ti] <= sim.now) {
+                        if let Err(e) = t.check_alignment(&mut env) {
+                            failed = Some((t.id, e.to_string()));
+                            break;
+                        }
+                    }
+                }
             }
         }
         if let Some((task, reason)) = failed {
@@ -645,6 +798,7 @@ fn run_generation_sim(
                 lease_end: &mut *lease_end,
                 stats: &mut stats,
                 unix_ms: plane.now().0,
+                savepoints: Vec::new(),
             };
             match carry_out(coord, std::mem::take(&mut out), &mut ctx, &mut plane).map_err(|e| e.to_string())? {
                 Carried::Continue => {}
@@ -653,6 +807,10 @@ fn run_generation_sim(
                     return Ok(GenEnd::FailOver);
                 }
                 Carried::Finished(_) => return Ok(GenEnd::Finished),
+                Carried::Stopped(_) => {
+                    sim.report.stopped_with_savepoint += 1;
+                    return Ok(GenEnd::Stopped);
+                }
             }
         }
     }

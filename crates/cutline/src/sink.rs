@@ -135,6 +135,9 @@ impl<T: Send + 'static, S: Sink<T>> Emit<T> for SinkEmit<T, S> {
         self.faults.check(FaultPoint::SinkRecover)?;
         self.sink.recover(&to_commit).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })
     }
+    fn has_credit(&self) -> bool {
+        true
+    }
     fn flush(&mut self) -> Result<(), TaskError> {
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! crashes, injected failures at every fault point and failing storage writes. A failing seed is printed
 //! and replays exactly with `cutline drill --seed N --sim-seeds 1 --runs 0`.
 
-use cutline::sim::{run_seed, SimOptions};
+use cutline::sim::{run_seed, SimAlignment, SimOptions};
 use cutline::CheckpointMode;
 
 /// Seeds per scenario: CI runs 10 000; `SIM_SEEDS=n` runs more (or fewer), `SIM_SEED=s` runs only seed s.
@@ -24,6 +24,7 @@ fn run_seeds(name: &str, o: SimOptions, range: std::ops::Range<u64>) {
     let mut crashes = 0;
     let mut cuts = 0;
     let mut late = 0;
+    let mut total = cutline::sim::SimReport::default();
     for seed in range {
         match run_seed(seed, &o) {
             Ok(r) => {
@@ -31,6 +32,12 @@ fn run_seeds(name: &str, o: SimOptions, range: std::ops::Range<u64>) {
                 crashes += r.process_crashes;
                 cuts += r.cuts_checked;
                 late += r.late_writes;
+                total.in_flight_batches += r.in_flight_batches;
+                total.switched_snapshots += r.switched_snapshots;
+                total.retunes += r.retunes;
+                total.stalls += r.stalls;
+                total.savepoints_requested += r.savepoints_requested;
+                total.stopped_with_savepoint += r.stopped_with_savepoint;
             }
             Err(e) => {
                 panic!("{name}: seed {seed} failed: {e}\nreplay: cutline drill --seed {seed} --sim-seeds 1 --runs 0")
@@ -38,11 +45,21 @@ fn run_seeds(name: &str, o: SimOptions, range: std::ops::Range<u64>) {
         }
     }
     eprintln!(
-        "{name}: {n} seeds passed; {failovers} failovers, {crashes} process crashes, {cuts} consistent cuts checked, {late} late writes of older generations"
+        "{name}: {n} seeds passed; {failovers} failovers, {crashes} process crashes, {cuts} consistent cuts checked, {late} late writes of older generations; {} in-flight batches in checkpoints, {} switched snapshots, {} retunes, {} stalls, {} savepoints requested, {} stops with a savepoint",
+        total.in_flight_batches, total.switched_snapshots, total.retunes, total.stalls, total.savepoints_requested, total.stopped_with_savepoint
     );
     // The scenario must really exercise recovery, or it proves nothing.
     if n >= 100 {
         assert!(failovers > n / 4 && crashes > n / 10 && cuts > n && late > 0, "{name}: too few failures exercised");
+        if o.mode == CheckpointMode::ExactlyOnce && o.alignment != SimAlignment::Aligned {
+            assert!(total.in_flight_batches > n, "{name}: too few in-flight records persisted");
+        }
+        if matches!(o.alignment, SimAlignment::WithTimeout | SimAlignment::Mixed) {
+            assert!(total.switched_snapshots > n, "{name}: too few alignment switches");
+        }
+        if o.alignment == SimAlignment::Mixed {
+            assert!(total.retunes > n && total.stopped_with_savepoint > n / 10, "{name}: too few retunes or stops");
+        }
     }
 }
 
@@ -70,5 +87,39 @@ fn exactly_once_under_a_failure_storm() {
         "exactly-once, failure storm",
         SimOptions { fault_point_ppm: 4_000, storage_fail_ppm: 40_000, task_crash_ppm: 3_000, ..Default::default() },
         r,
+    );
+}
+
+#[test]
+fn unaligned_checkpoints_persist_in_flight_records_and_stay_exact() {
+    run_all("unaligned", SimOptions { alignment: SimAlignment::Unaligned, ..Default::default() });
+}
+
+#[test]
+fn unaligned_with_two_concurrent_checkpoints() {
+    run_all(
+        "unaligned, 2 concurrent",
+        SimOptions { alignment: SimAlignment::Unaligned, max_concurrent: 2, ..Default::default() },
+    );
+}
+
+#[test]
+fn aligned_checkpoints_switch_to_unaligned_after_their_timeout() {
+    run_all("aligned with timeout", SimOptions { alignment: SimAlignment::WithTimeout, ..Default::default() });
+}
+
+#[test]
+fn settings_change_at_run_time_with_stragglers_and_savepoints() {
+    // Alignment changes per process life and at run time, tasks stall past the checkpoint timeout,
+    // savepoints are taken and some stop the job, which a new process resumes.
+    run_all(
+        "mixed alignment, retuned, stragglers, savepoints",
+        SimOptions {
+            alignment: SimAlignment::Mixed,
+            max_concurrent: 2,
+            stall_ppm: 300,
+            savepoint_ppm: 600,
+            ..Default::default()
+        },
     );
 }
