@@ -13,6 +13,9 @@
 //! - an unaligned checkpoint (or one switched after its alignment timeout) snapshots at its first
 //!   barrier, once every older pending checkpoint has snapshotted; from then on every live input that
 //!   has not delivered its barrier records channel state for it, until its barrier arrives there;
+//! - an aligned-with-timeout checkpoint switches to unaligned once it is older than its timeout
+//!   (measured from its trigger, so a barrier stuck behind a backlog switches too: it may then overtake
+//!   the records queued in front of it), or once its blocked inputs hold more than its byte limit;
 //! - an ended input counts as having delivered every barrier from then on.
 
 use crate::barrier::{Alignment, Barrier, CheckpointMode};
@@ -56,6 +59,14 @@ impl Pending {
     fn unaligned(&self) -> bool {
         self.barrier.mode == CheckpointMode::ExactlyOnce
             && (self.switched || self.barrier.alignment == Alignment::Unaligned)
+    }
+}
+
+/// Has `barrier`'s checkpoint been running longer than its alignment timeout at `now`?
+fn timed_out(barrier: &Barrier, now: TimeMs) -> bool {
+    match barrier.alignment {
+        Alignment::AlignedWithTimeout { timeout_ms, .. } => now.saturating_sub(barrier.triggered_at) >= timeout_ms,
+        _ => false,
     }
 }
 
@@ -122,20 +133,22 @@ impl Aligner {
         out.extend(self.pending.iter().filter(|(_, p)| p.snapshotted && !p.seen[input]).map(|(id, _)| *id));
     }
 
-    /// May `barrier`, found queued on readable `input` behind records, be taken ahead of them? Only an
-    /// unaligned exactly-once barrier (or one of a checkpoint this task switched) whose older pending
-    /// checkpoints have all snapshotted, so snapshots stay in order and it can snapshot at once.
-    pub fn may_overtake(&self, input: usize, barrier: &Barrier) -> bool {
+    /// May `barrier`, found queued on readable `input` behind records at `now`, be taken ahead of
+    /// them? Only an exactly-once barrier that is unaligned (from the start, switched here, or past its
+    /// alignment timeout) and whose older pending checkpoints have all snapshotted, so snapshots stay
+    /// in order and it can snapshot at once.
+    pub fn may_overtake(&self, input: usize, barrier: &Barrier, now: TimeMs) -> bool {
         if !self.is_readable(input) || barrier.mode != CheckpointMode::ExactlyOnce {
             return false;
         }
         let id = barrier.checkpoint;
         let switched = self.pending.get(&id).is_some_and(|p| p.switched);
-        (barrier.alignment == Alignment::Unaligned || switched) && self.pending.range(..id).all(|(_, p)| p.snapshotted)
+        (barrier.alignment == Alignment::Unaligned || switched || timed_out(barrier, now))
+            && self.pending.range(..id).all(|(_, p)| p.snapshotted)
     }
 
-    /// The oldest pending checkpoint that is aligning with a timeout and has not switched: its id, how
-    /// long it has been aligning at `now`, and its limits. The task measures its blocked bytes only then.
+    /// The oldest pending checkpoint that is aligning with a timeout and has not switched: its id, its
+    /// age at `now` (since its trigger), and its limits. The task measures its blocked bytes only then.
     pub fn timeout_candidate(&self, now: TimeMs) -> Option<(CheckpointId, u64, u64, u64)> {
         let (id, p) = self.pending.iter().find(|(_, p)| !p.snapshotted)?;
         if p.barrier.mode != CheckpointMode::ExactlyOnce || p.switched {
@@ -143,7 +156,7 @@ impl Aligner {
         }
         match p.barrier.alignment {
             Alignment::AlignedWithTimeout { timeout_ms, max_blocked_bytes } => {
-                Some((*id, now.saturating_sub(p.first_at), timeout_ms, max_blocked_bytes))
+                Some((*id, now.saturating_sub(p.barrier.triggered_at), timeout_ms, max_blocked_bytes))
             }
             _ => None,
         }
@@ -183,8 +196,9 @@ impl Aligner {
         });
         assert!(p.barrier.same_checkpoint(&barrier), "two barriers for {id} differ: {:?} and {barrier:?}", p.barrier);
         assert!(!p.seen[input]);
-        // An upstream task that switched forwards the barrier unaligned: switch here too.
-        if barrier.is_unaligned() && !p.unaligned() {
+        // An upstream task that switched forwards the barrier unaligned: switch here too. So does a
+        // barrier that arrives after its alignment timeout.
+        if (barrier.is_unaligned() || timed_out(&barrier, now)) && !p.unaligned() {
             assert!(!p.snapshotted);
             p.switched = true;
         }
@@ -358,8 +372,8 @@ mod tests {
     fn unaligned_snapshots_at_the_first_barrier_and_records_the_other_inputs() {
         let mut a = Aligner::new(3);
         let mut rec = Vec::new();
-        assert!(a.may_overtake(1, &b(7, EO, UN)));
-        assert!(!a.may_overtake(1, &b(7, EO, AL)));
+        assert!(a.may_overtake(1, &b(7, EO, UN), TimeMs(5)));
+        assert!(!a.may_overtake(1, &b(7, EO, AL), TimeMs(5)));
         assert_eq!(ids(&on(&mut a, 1, b(7, EO, UN), 5)), ["snap 7 +channels"]);
         assert!((0..3).all(|i| a.is_readable(i)), "unaligned never blocks");
         a.recording_on(0, &mut rec);
@@ -393,12 +407,12 @@ mod tests {
     #[test]
     fn alignment_timeout_switches_and_releases_blocked_inputs() {
         let mut a = Aligner::new(2);
-        let t = Alignment::AlignedWithTimeout { timeout_ms: 50, max_blocked_bytes: u64::MAX };
+        let t = Alignment::AlignedWithTimeout { timeout_ms: 150, max_blocked_bytes: u64::MAX };
         assert!(on(&mut a, 0, b(4, EO, t), 100).is_empty());
         assert!(!a.is_readable(0));
-        assert!(!a.may_overtake(1, &b(4, EO, t)), "not before the switch");
-        let (id, aligning_ms, timeout_ms, _) = a.timeout_candidate(TimeMs(160)).expect("candidate");
-        assert_eq!((id, aligning_ms, timeout_ms), (CheckpointId(4), 60, 50));
+        assert!(!a.may_overtake(1, &b(4, EO, t), TimeMs(120)), "not before the timeout");
+        let (id, age_ms, timeout_ms, _) = a.timeout_candidate(TimeMs(160)).expect("candidate");
+        assert_eq!((id, age_ms, timeout_ms), (CheckpointId(4), 160, 150), "the age counts from the trigger");
         let mut out = Vec::new();
         a.switch_to_unaligned(id, TimeMs(160), &mut out);
         match &out[..] {
@@ -407,8 +421,20 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(a.is_readable(0) && a.may_overtake(1, &b(4, EO, t)));
+        assert!(a.is_readable(0) && a.may_overtake(1, &b(4, EO, t), TimeMs(160)));
         assert_eq!(ids(&on(&mut a, 1, b(4, EO, t), 170)), ["channels 4 done"]);
+    }
+
+    #[test]
+    fn a_barrier_stuck_behind_a_backlog_past_its_timeout_overtakes_it_and_snapshots_unaligned() {
+        let mut a = Aligner::new(1);
+        let t = Alignment::AlignedWithTimeout { timeout_ms: 200, max_blocked_bytes: u64::MAX };
+        assert!(!a.may_overtake(0, &b(3, EO, t), TimeMs(199)));
+        assert!(a.may_overtake(0, &b(3, EO, t), TimeMs(200)));
+        match &on(&mut a, 0, b(3, EO, t), 200)[..] {
+            [AlignAction::Snapshot { barrier, switched: true, .. }] => assert_eq!(barrier.alignment, UN),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -423,7 +449,7 @@ mod tests {
     fn an_unaligned_barrier_waits_behind_an_older_at_least_once_checkpoint_and_blocks() {
         let mut a = Aligner::new(2);
         assert!(on(&mut a, 0, b(1, ALO, AL), 0).is_empty());
-        assert!(!a.may_overtake(0, &b(2, EO, UN)), "older checkpoint 1 has not snapshotted");
+        assert!(!a.may_overtake(0, &b(2, EO, UN), TimeMs(1)), "older checkpoint 1 has not snapshotted");
         assert!(on(&mut a, 0, b(2, EO, UN), 1).is_empty());
         assert!(!a.is_readable(0), "records after barrier 2 must wait for its snapshot");
         assert_eq!(ids(&on(&mut a, 1, b(1, ALO, AL), 2)), ["snap 1", "snap 2 +channels"]);

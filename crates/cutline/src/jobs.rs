@@ -181,3 +181,110 @@ pub fn drill_run(seed: u64) -> Result<String, String> {
         report.restarts, report.checkpoints_completed, report.checkpoints_failed
     ))
 }
+
+/// Settings of the backlog benchmark (see [`backlog_bench`]).
+#[derive(Clone, Debug)]
+pub struct BacklogBench {
+    /// How long the job runs before it is stopped.
+    pub seconds: u64,
+    /// Records per second the slow task processes.
+    pub slow_records_per_s: u64,
+    /// Batches per channel (the backlog in front of the slow task is about this many batches).
+    pub channel_capacity: usize,
+    pub batch_size: usize,
+    pub checkpoint: crate::CheckpointConfig,
+}
+
+/// What one backlog benchmark run measured.
+#[derive(Clone, Debug)]
+pub struct BacklogResult {
+    /// Completed periodic checkpoints, in order.
+    pub checkpoints: Vec<crate::CheckpointSummary>,
+    /// Checkpoints that failed (timed out).
+    pub failed: u64,
+    /// Seconds of data queued in front of the slow task when the job stopped (queued records / rate).
+    pub backlog_s: f64,
+    /// Most batches ever queued on one channel, and the configured capacity.
+    pub high_water_batches: usize,
+    pub capacity_batches: usize,
+    /// Time the source spent backpressured.
+    pub source_backpressured_ms: u64,
+    /// Peak resident memory of the process (VmHWM), if the platform reports it.
+    pub peak_rss_bytes: Option<u64>,
+    pub records_processed: u64,
+}
+
+/// The backlog benchmark: a fast source feeds one task that processes only `slow_records_per_s`
+/// records per second, so the channel in front of it stays full (about `channel_capacity` batches, some
+/// seconds of data); then a keyed count and a discarding sink. It shows how long checkpoints take when
+/// their barriers meet a backlog, aligned (they wait behind it), unaligned (they overtake it and persist
+/// it), or aligned with a timeout (they switch).
+pub fn backlog_bench(
+    b: &BacklogBench,
+    store: std::sync::Arc<dyn crate::CheckpointStore>,
+) -> Result<BacklogResult, String> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    assert!(b.slow_records_per_s > 0 && b.seconds > 0);
+    // The slow task sleeps 10 ms every `per_tick` records.
+    let per_tick = (b.slow_records_per_s / 100).max(1);
+    let processed = Arc::new(AtomicU64::new(0));
+    let counter = processed.clone();
+    let job = Job::new("backlog");
+    job.source("events", GeneratorSource::new(u64::MAX / 2, |i| (splitmix64(i) % 10_000, i)))
+        .rebalance("slow", 1)
+        .map(move |e: (u64, u64)| {
+            let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
+            if n % per_tick == 0 {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            e
+        })
+        .key_by(|e: &(u64, u64)| e.0)
+        .aggregate("count", || 0u64, |c, _e| *c += 1, |k, c| (*k, *c))
+        .sink("out", DiscardSink);
+    let graph = job.build().map_err(|e| e.to_string())?;
+    let mut cfg = crate::RunConfig::new(store, "backlog-bench");
+    cfg.checkpoint = b.checkpoint.clone();
+    cfg.channel_capacity = b.channel_capacity;
+    cfg.batch_size = b.batch_size;
+    cfg.restart = crate::RestartStrategy::None;
+    let handle = crate::spawn(graph, cfg);
+    let until = Instant::now() + Duration::from_secs(b.seconds);
+    let mut metrics = None;
+    while Instant::now() < until && !handle.is_finished() {
+        std::thread::sleep(Duration::from_millis(200));
+        if let Ok(m) = handle.metrics() {
+            metrics = Some(m);
+        }
+    }
+    handle.stop();
+    let report = handle.join().map_err(|e| e.to_string())?;
+    let m = metrics.ok_or("the job reported no metrics")?;
+    let slow_inputs: Vec<&crate::ChannelStats> =
+        m.tasks.iter().filter(|t| t.name.starts_with("slow#")).flat_map(|t| t.inputs.iter()).collect();
+    let queued: usize = slow_inputs.iter().map(|c| c.queued_batches).sum();
+    let all_inputs = m.tasks.iter().flat_map(|t| t.inputs.iter());
+    let high_water_batches = all_inputs.map(|c| c.high_water_batches).max().unwrap_or(0);
+    let source_backpressured_ms =
+        m.tasks.iter().filter(|t| t.name.starts_with("events#")).map(|t| t.backpressured_ms).sum();
+    Ok(BacklogResult {
+        checkpoints: report.checkpoints.into_iter().filter(|c| !c.is_final).collect(),
+        failed: report.checkpoints_failed,
+        backlog_s: (queued * b.batch_size) as f64 / b.slow_records_per_s as f64,
+        high_water_batches,
+        capacity_batches: b.channel_capacity,
+        source_backpressured_ms,
+        peak_rss_bytes: peak_rss_bytes(),
+        records_processed: processed.load(Ordering::Relaxed),
+    })
+}
+
+/// Peak resident set size of this process (Linux: VmHWM in /proc/self/status).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -472,7 +472,8 @@ impl Task {
         let aligner = self.aligner.as_ref().expect("inputs");
         aligner.recording_on(i, &mut ids);
         let credit = self.body.has_credit();
-        let polled = self.body.poll_input(i, &|b| aligner.may_overtake(i, b), !ids.is_empty(), credit);
+        let now = env.now();
+        let polled = self.body.poll_input(i, &|b| aligner.may_overtake(i, b, now), !ids.is_empty(), credit);
         let result = match polled {
             Ok(p) => self.after_poll(i, p, &ids, env),
             Err(e) => Err(e),
