@@ -13,7 +13,7 @@ use crate::runtime::{AckReport, CheckpointSummary, RunError};
 use crate::state::SnapshotBuilder;
 use crate::task::SnapshotTimings;
 use cutline_core::barrier::{Barrier, SnapshotKind};
-use cutline_core::coordinator::{Coordinator, Decision, Event, Outcome};
+use cutline_core::coordinator::{AbortReason, Coordinator, Decision, Event, Outcome};
 use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex, TaskId, TimeMs};
 use cutline_storage::{CheckpointStore, JobMeta, Manifest, StorageError, TaskStateHandle};
 use std::collections::{HashMap, VecDeque};
@@ -158,7 +158,22 @@ pub(crate) struct DriverCtx<'a> {
 pub(crate) struct CheckpointLog {
     pending: HashMap<CheckpointId, CheckpointSummary>,
     pub done: Vec<CheckpointSummary>,
+    /// Checkpoints that failed (not those aborted by a failover or subsumed), oldest first, at most
+    /// [`FAILED_CHECKPOINTS_KEPT`].
+    pub failed: Vec<FailedCheckpoint>,
     pub task_names: Vec<String>,
+}
+
+/// Failed checkpoints a run keeps the reasons of.
+pub const FAILED_CHECKPOINTS_KEPT: usize = 100;
+
+/// Why a checkpoint failed, with the tasks that held it up named.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailedCheckpoint {
+    pub checkpoint: CheckpointId,
+    pub reason: String,
+    /// The tasks that had not acknowledged (timeout) or declined.
+    pub held_up_by: Vec<String>,
 }
 
 /// Feed `first` decisions (and every decision they lead to) through the runtime side effects, in order.
@@ -254,7 +269,29 @@ pub(crate) fn carry_out(
                 ctx.store.gc(ctx.retain, &coord.pending())?;
             }
             Decision::Abort { checkpoint, reason } => {
-                plane.log(&|| format!("checkpoint {checkpoint} aborted: {reason}"));
+                let name =
+                    |t: &TaskId| ctx.stats.task_names.get(t.0 as usize).cloned().unwrap_or_else(|| t.to_string());
+                let held_up_by: Vec<String> = match &reason {
+                    AbortReason::Timeout { missing } => missing.iter().map(name).collect(),
+                    AbortReason::Declined { task, .. } => vec![name(task)],
+                    _ => Vec::new(),
+                };
+                if reason.counts_as_failure() {
+                    let readable = match &reason {
+                        AbortReason::Timeout { .. } => format!("timed out waiting for {}", held_up_by.join(", ")),
+                        AbortReason::Declined { reason, .. } => {
+                            format!("declined by {}: {reason}", held_up_by.join(", "))
+                        }
+                        other => other.to_string(),
+                    };
+                    plane.log(&|| format!("checkpoint {checkpoint} failed: {readable}"));
+                    if ctx.stats.failed.len() == FAILED_CHECKPOINTS_KEPT {
+                        ctx.stats.failed.remove(0);
+                    }
+                    ctx.stats.failed.push(FailedCheckpoint { checkpoint, reason: readable, held_up_by });
+                } else {
+                    plane.log(&|| format!("checkpoint {checkpoint} aborted: {reason}"));
+                }
                 ctx.savepoints.push(SavepointEvent::Aborted { checkpoint, reason: reason.to_string() });
                 ctx.stats.pending.remove(&checkpoint);
                 plane.send_all(Control::Abort(checkpoint), false);

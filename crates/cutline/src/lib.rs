@@ -52,6 +52,7 @@ pub use message::TaskError;
 pub use runtime::{
     run, spawn, CheckpointSummary, JobControl, JobHandle, JobMetrics, JobReport, RunConfig, RunError, TaskReport,
 };
+pub use driver::FailedCheckpoint;
 pub use savepoint::SavepointInfo;
 pub use sink::{
     DiscardSink, MemoryTxnSink, MemoryTxnStore, PendingFile, PrintSink, Sink, SinkContext, TransactionalFileSink,

@@ -8,7 +8,7 @@
 use crate::channel::Waker;
 use crate::driver::{
     carry_out, coordinator_for, next_generation, task_metas, write_snapshot, Carried, CheckpointLog, ControlPlane,
-    DriverCtx, SavepointEvent, SnapshotJob, TaskMeta,
+    DriverCtx, FailedCheckpoint, SavepointEvent, SnapshotJob, TaskMeta,
 };
 use crate::fault::Faults;
 use crate::graph::{DeployOptions, DeployedTask, JobGraph};
@@ -156,6 +156,9 @@ pub struct JobReport {
     pub restarts: u32,
     /// Every checkpoint this run completed, in order.
     pub checkpoints: Vec<CheckpointSummary>,
+    /// The checkpoints that failed (timed out, declined, manifest not written), with the tasks that
+    /// held them up (the most recent 100).
+    pub failed_checkpoints: Vec<FailedCheckpoint>,
     /// Time from each failure to the restored job running again.
     pub recovery_ms: Vec<u64>,
     /// The run was stopped through [`JobHandle::stop`] or [`JobHandle::stop_with_savepoint`] before
@@ -433,6 +436,8 @@ pub struct JobMetrics {
     pub checkpoints: Vec<CheckpointSummary>,
     pub checkpoints_completed: u64,
     pub checkpoints_failed: u64,
+    /// The most recent failed checkpoints, with the tasks that held them up.
+    pub failed: Vec<FailedCheckpoint>,
     /// Checkpoints in flight now.
     pub pending: Vec<CheckpointId>,
 }
@@ -675,6 +680,7 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
             GenerationOutcome::Finished(c) => {
                 report.final_checkpoint = Some(c);
                 report.checkpoints = std::mem::take(&mut stats.done);
+                report.failed_checkpoints = std::mem::take(&mut stats.failed);
                 report.checkpoints_completed = coord.completed_count();
                 report.checkpoints_failed = coord.failed_count();
                 report.elapsed_ms = started.elapsed().as_millis() as u64;
@@ -711,6 +717,7 @@ fn stopped(
         report.checkpoints_failed = c.failed_count();
     }
     report.checkpoints = std::mem::take(&mut stats.done);
+    report.failed_checkpoints = std::mem::take(&mut stats.failed);
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     report
 }
@@ -900,6 +907,7 @@ fn run_generation(
                         checkpoints: done[done.len().saturating_sub(METRICS_CHECKPOINTS)..].to_vec(),
                         checkpoints_completed: coord.completed_count(),
                         checkpoints_failed: coord.failed_count(),
+                        failed: ctx.stats.failed[ctx.stats.failed.len().saturating_sub(METRICS_CHECKPOINTS)..].to_vec(),
                         pending: coord.pending(),
                     });
                 }

@@ -459,3 +459,37 @@ fn a_second_run_on_a_state_directory_in_use_is_refused() {
     running.join().expect("the first run is unaffected");
     assert_eq!(committed(&out), expected());
 }
+
+#[test]
+fn a_straggler_times_checkpoints_out_is_named_and_the_job_fails_over_after_the_tolerable_failures() {
+    // A task stalls 150 ms three times; checkpoints time out after 40 ms and one failure is tolerable.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let stalls = Arc::new(AtomicU64::new(0));
+    let s2 = stalls.clone();
+    let job = Job::new("straggling");
+    job.source("numbers", GeneratorSource::new(RECORDS, |i| i % KEYS))
+        .rebalance("straggler", 1)
+        .map(move |k: u64| {
+            if k == 0 && s2.fetch_add(1, Ordering::SeqCst) % 60 == 20 && s2.load(Ordering::SeqCst) < 200 {
+                std::thread::sleep(Duration::from_millis(150));
+            }
+            std::thread::sleep(Duration::from_micros(20));
+            k
+        })
+        .key_by(|k: &u64| *k)
+        .aggregate("counts", || 0u64, |c, _k| *c += 1, |k, c| format!("{k}:{c}"))
+        .sink("out", MemoryTxnSink::new(out.clone()));
+    let graph = job.build().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.checkpoint.interval_ms = Some(10);
+    cfg.checkpoint.timeout_ms = 40;
+    cfg.checkpoint.tolerable_failures = 1;
+    cfg.restart = RestartStrategy::FixedDelay { delay_ms: 1, max_attempts: 20 };
+    let report = cutline::run(&graph, cfg).expect("finishes");
+    assert_eq!(committed(&out), expected());
+    assert!(report.checkpoints_failed >= 2, "{report:?}");
+    let named = report.failed_checkpoints.iter().any(|f| f.held_up_by.iter().any(|t| t == "straggler#0"));
+    assert!(named, "the straggler is not named: {:?}", report.failed_checkpoints);
+    assert!(report.restarts >= 1, "two consecutive timeouts with one tolerable must fail over");
+}
