@@ -219,6 +219,7 @@ pub struct BacklogResult {
 /// seconds of data); then a keyed count and a discarding sink. It shows how long checkpoints take when
 /// their barriers meet a backlog, aligned (they wait behind it), unaligned (they overtake it and persist
 /// it), or aligned with a timeout (they switch).
+#[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` is newer than the minimum Rust version
 pub fn backlog_bench(
     b: &BacklogBench,
     store: std::sync::Arc<dyn crate::CheckpointStore>,

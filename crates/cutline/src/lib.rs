@@ -21,6 +21,7 @@
 //! println!("{} checkpoints", report.checkpoints_completed);
 //! ```
 
+pub mod admin;
 mod api;
 mod channel;
 mod driver;

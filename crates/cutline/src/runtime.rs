@@ -115,6 +115,8 @@ impl RunConfig {
 pub enum RunError {
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("cannot start from the savepoint: {0}")]
+    Savepoint(String),
     #[error(
         "the checkpoints in {store} belong to job {found:?}, not {expected:?}: use another state directory (--state)"
     )]
@@ -336,7 +338,7 @@ pub(crate) fn restore_latest(
     }
     if choice.checkpoint.is_none() && choice.skipped.is_empty() {
         if let Some(path) = &cfg.from_savepoint {
-            let sp = crate::savepoint::open(path).map_err(RunError::Config)?;
+            let sp = crate::savepoint::open(path).map_err(RunError::Savepoint)?;
             eprintln!("cutline: starting from savepoint {} (checkpoint {})", path.display(), sp.checkpoint);
             let (mut index, _) = load_checkpoint(&sp.store, graph, &cfg.job_fingerprint, sp.checkpoint)?;
             index.duplicates_allowed = mode == CheckpointMode::AtLeastOnce;
@@ -404,8 +406,9 @@ pub(crate) fn prepare_start(
     // A run that may start from a savepoint continues its epochs and generations: the restored
     // checkpoint must be older than every new epoch, and sink transactions of the job the savepoint
     // came from must never share a name with new ones.
-    if let Some(path) = from_savepoint {
-        let sp = crate::savepoint::open(path).map_err(RunError::Config)?;
+    // Only while the store has no complete checkpoint: afterwards the run resumes from its own.
+    if let Some(path) = from_savepoint.filter(|_| matches!(store.latest_complete(), Ok(None))) {
+        let sp = crate::savepoint::open(path).map_err(RunError::Savepoint)?;
         first = first.max(sp.checkpoint.next());
         generation = generation.max(sp.generation.next());
     }
@@ -953,7 +956,6 @@ fn run_generation(
             }));
         }
     }
-    drop(plane);
     drop(threads); // tear down before the next generation starts
     drop(ev_rx);
     Ok(outcome)
@@ -980,8 +982,16 @@ fn answer_savepoint(
             let target = sp.target.clone().unwrap_or_else(|| {
                 cfg.savepoint_dir.as_ref().expect("checked at request").join(format!("sp-{:020}", checkpoint.0))
             });
+            let stop = sp.stop;
             let result = crate::savepoint::export(store, checkpoint, &target, &cfg.job_fingerprint).map_err(|e| {
-                format!("savepoint {checkpoint} is complete in the job's store, but exporting it failed: {e}")
+                format!(
+                    "savepoint {checkpoint} is complete in the job's store, but exporting it failed: {e}{}",
+                    if stop {
+                        "; the job stops anyway (run it again on its state directory to resume from that checkpoint)"
+                    } else {
+                        ""
+                    }
+                )
             });
             if let Ok(info) = &result {
                 plane.log(&|| {

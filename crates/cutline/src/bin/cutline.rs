@@ -1,8 +1,11 @@
-//! The `cutline` command: run the word-count job, list checkpoints, run failure drills and benchmarks.
+//! The `cutline` command: run the word-count job, tune it, take savepoints of it and show its status
+//! while it runs (through its admin socket, `<state>/admin.sock`), list checkpoints, run failure drills
+//! and benchmarks.
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand};
-use cutline::{CheckpointMode, CheckpointStore, LocalDirStore, RunConfig};
+use clap::{Args, Parser, Subcommand};
+use cutline::admin::{self, AdminError};
+use cutline::{CheckpointConfig, CheckpointMode, CheckpointStore, LocalDirStore, RunConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,6 +36,33 @@ enum Cmd {
         #[arg(long)]
         state: PathBuf,
     },
+    /// Change the checkpoint settings of the job running on a state directory; print the settings now
+    /// in force (all of them, also when no option is given). They apply from the next checkpoint.
+    Tune {
+        /// The state directory of the running job.
+        #[arg(long)]
+        state: PathBuf,
+        #[command(flatten)]
+        settings: TuneArgs,
+    },
+    /// Take a savepoint of the job running on a state directory and print its directory.
+    Savepoint {
+        /// The state directory of the running job.
+        #[arg(long)]
+        state: PathBuf,
+        /// A new or empty directory for the savepoint (default: the job's savepoint directory).
+        #[arg(long)]
+        to: Option<PathBuf>,
+        /// Stop the job with the savepoint: it drains, commits its output up to the savepoint and stops.
+        #[arg(long)]
+        stop: bool,
+    },
+    /// Show the settings, flow control and recent checkpoints of the job running on a state directory.
+    Status {
+        /// The state directory of the running job.
+        #[arg(long)]
+        state: PathBuf,
+    },
     /// Failure drill: run word count while injecting failures, restore, compare with a failure-free run.
     Drill {
         /// Seed of the first run (each run uses seed, seed+1, ...).
@@ -60,29 +90,158 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         max_concurrent: usize,
     },
+    /// Checkpoints in front of a backlog: one slow task with about 10 s of data queued in front of it,
+    /// checkpointed aligned, unaligned, or aligned with a timeout.
+    BenchBacklog {
+        /// `aligned`, `unaligned` or `timeout` (aligned, switching after --alignment-timeout).
+        #[arg(long, default_value = "unaligned")]
+        mode: String,
+        #[arg(long, default_value = "200ms")]
+        alignment_timeout: String,
+        /// How long the job runs.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// Records per second the slow task processes.
+        #[arg(long, default_value_t = 6400)]
+        slow_rate: u64,
+        /// Batches per channel: the backlog is about capacity x batch size / slow rate seconds.
+        #[arg(long, default_value_t = 64)]
+        channel_capacity: usize,
+        #[arg(long, default_value_t = 1024)]
+        batch_size: usize,
+        #[arg(long, default_value = "1s")]
+        checkpoint_interval: String,
+    },
 }
 
 #[derive(Subcommand)]
 enum RunJob {
     /// Count words of a text file; every count update goes to DIR through the transactional file sink.
-    Wordcount {
-        #[arg(long)]
-        input: PathBuf,
-        #[arg(long)]
-        output: PathBuf,
-        #[arg(long)]
-        state: PathBuf,
-        #[arg(long, default_value_t = 1)]
-        parallelism: u32,
-        /// Checkpoint interval (e.g. 200ms, 1s) or `off`.
-        #[arg(long, default_value = "200ms")]
-        checkpoint_interval: String,
-        #[arg(long, default_value = "exactly-once")]
-        mode: String,
-        /// Print a line per checkpoint and failure.
-        #[arg(long, short)]
-        verbose: bool,
-    },
+    /// While it runs, it answers `cutline status`, `tune` and `savepoint` on `<state>/admin.sock`.
+    Wordcount(WordcountArgs),
+}
+
+#[derive(Args)]
+struct WordcountArgs {
+    #[arg(long)]
+    input: PathBuf,
+    #[arg(long)]
+    output: PathBuf,
+    #[arg(long)]
+    state: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    parallelism: u32,
+    /// Checkpoint interval (e.g. 200ms, 1s) or `off`.
+    #[arg(long, default_value = "200ms")]
+    checkpoint_interval: String,
+    #[arg(long, default_value = "exactly-once")]
+    mode: String,
+    #[command(flatten)]
+    tuning: CheckpointTuning,
+    /// Start from this savepoint (a directory `cutline savepoint` printed) if the state directory holds
+    /// no checkpoint yet; the input and output must be those of the job the savepoint was taken from.
+    #[arg(long)]
+    from_savepoint: Option<PathBuf>,
+    /// Where savepoints go when `cutline savepoint` names no directory (default: <state>/savepoints).
+    #[arg(long)]
+    savepoint_dir: Option<PathBuf>,
+    /// Sleep this many microseconds per input line (and read in batches of 64 lines), to watch a small
+    /// input being processed.
+    #[arg(long, default_value_t = 0)]
+    line_delay_us: u64,
+    /// Print a line per checkpoint and failure.
+    #[arg(long, short)]
+    verbose: bool,
+}
+
+/// Checkpoint settings beyond interval and mode, for the jobs `cutline` runs.
+#[derive(Args)]
+struct CheckpointTuning {
+    /// A checkpoint not complete this long after its trigger is aborted.
+    #[arg(long, default_value = "60s")]
+    checkpoint_timeout: String,
+    /// Checkpoints in flight at once.
+    #[arg(long, default_value_t = 1)]
+    max_concurrent: usize,
+    /// Unaligned exactly-once checkpoints: barriers overtake queued records, which are stored with the
+    /// checkpoint, so checkpoints do not wait for a backlog.
+    #[arg(long)]
+    unaligned: bool,
+    /// Aligned checkpoints switch to unaligned once they are this old, counted from their trigger
+    /// (e.g. 500ms), or `off`.
+    #[arg(long, default_value = "off")]
+    alignment_timeout: String,
+    /// Aligned checkpoints switch to unaligned at a task whose blocked inputs hold more than this many
+    /// bytes (e.g. 1048576, 64MiB), or `off`.
+    #[arg(long, default_value = "off")]
+    max_aligned_bytes: String,
+}
+
+impl CheckpointTuning {
+    fn apply(&self, cfg: &mut CheckpointConfig) -> Result<()> {
+        let flag = |name: &str, e: String| anyhow::anyhow!("--{name}: {e}");
+        cfg.timeout_ms = admin::parse_duration_ms(&self.checkpoint_timeout)
+            .map_err(|e| flag("checkpoint-timeout", format!("bad duration {:?}: {e}", self.checkpoint_timeout)))?;
+        cfg.max_concurrent = self.max_concurrent;
+        cfg.unaligned = self.unaligned;
+        cfg.alignment_timeout_ms = admin::parse_optional_duration_ms(&self.alignment_timeout)
+            .map_err(|e| flag("alignment-timeout", format!("bad duration {:?}: {e}", self.alignment_timeout)))?;
+        cfg.max_aligned_bytes = admin::parse_optional_bytes(&self.max_aligned_bytes)
+            .map_err(|e| flag("max-aligned-bytes", format!("bad size {:?}: {e}", self.max_aligned_bytes)))?;
+        cfg.validate().map_err(|e| anyhow::anyhow!("invalid checkpoint settings: {e}"))
+    }
+}
+
+/// The settings `cutline tune` may change. Each value is checked here; the job checks them together.
+#[derive(Args)]
+struct TuneArgs {
+    /// Checkpoint interval (e.g. 200ms, 1s) or `off`.
+    #[arg(long)]
+    checkpoint_interval: Option<String>,
+    /// Checkpoint timeout (e.g. 30s).
+    #[arg(long)]
+    checkpoint_timeout: Option<String>,
+    /// Minimum pause between the end of one checkpoint and the next trigger (e.g. 0, 100ms).
+    #[arg(long)]
+    min_pause: Option<String>,
+    /// Checkpoints in flight at once.
+    #[arg(long)]
+    max_concurrent: Option<String>,
+    /// Consecutive failed checkpoints tolerated before the job fails over.
+    #[arg(long)]
+    tolerable_failures: Option<String>,
+    /// exactly-once or at-least-once.
+    #[arg(long)]
+    mode: Option<String>,
+    /// true or false: exactly-once checkpoints are unaligned.
+    #[arg(long)]
+    unaligned: Option<String>,
+    /// Switch aligned checkpoints to unaligned after aligning this long (e.g. 500ms), or `off`.
+    #[arg(long)]
+    alignment_timeout: Option<String>,
+    /// Switch aligned checkpoints to unaligned above this many blocked bytes (e.g. 64MiB), or `off`.
+    #[arg(long)]
+    max_aligned_bytes: Option<String>,
+}
+
+impl TuneArgs {
+    /// `(flag, protocol key, value)` of every option given.
+    fn given(&self) -> Vec<(&'static str, &'static str, &str)> {
+        [
+            ("--checkpoint-interval", "interval", &self.checkpoint_interval),
+            ("--checkpoint-timeout", "timeout", &self.checkpoint_timeout),
+            ("--min-pause", "min-pause", &self.min_pause),
+            ("--max-concurrent", "max-concurrent", &self.max_concurrent),
+            ("--tolerable-failures", "tolerable-failures", &self.tolerable_failures),
+            ("--mode", "mode", &self.mode),
+            ("--unaligned", "unaligned", &self.unaligned),
+            ("--alignment-timeout", "alignment-timeout", &self.alignment_timeout),
+            ("--max-aligned-bytes", "max-aligned-bytes", &self.max_aligned_bytes),
+        ]
+        .into_iter()
+        .filter_map(|(flag, key, v)| v.as_deref().map(|v| (flag, key, v)))
+        .collect()
+    }
 }
 
 /// `200ms`, `1s`, `2m`, or `off` (None).
@@ -112,15 +271,33 @@ fn parse_interval(s: &str) -> Result<Option<u64>> {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
-        Cmd::Run {
-            job: RunJob::Wordcount { input, output, state, parallelism, checkpoint_interval, mode, verbose },
-        } => run_wordcount(&input, &output, &state, parallelism, &checkpoint_interval, &mode, verbose),
+        Cmd::Run { job: RunJob::Wordcount(args) } => run_wordcount(&args),
         Cmd::Demo { dir } => demo(dir),
         Cmd::Checkpoints { state } => list_checkpoints(&state),
+        Cmd::Tune { state, settings } => tune(&state, &settings),
+        Cmd::Savepoint { state, to, stop } => savepoint(&state, to.as_deref(), stop),
+        Cmd::Status { state } => status(&state),
         Cmd::Drill { seed, runs, sim_seeds } => drill(seed, runs, sim_seeds),
         Cmd::Bench { events, keys, parallelism, checkpoint_interval, max_concurrent } => {
             bench(events, keys, parallelism, &checkpoint_interval, max_concurrent)
         }
+        Cmd::BenchBacklog {
+            mode,
+            alignment_timeout,
+            seconds,
+            slow_rate,
+            channel_capacity,
+            batch_size,
+            checkpoint_interval,
+        } => bench_backlog(
+            &mode,
+            &alignment_timeout,
+            seconds,
+            slow_rate,
+            channel_capacity,
+            batch_size,
+            &checkpoint_interval,
+        ),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
@@ -145,6 +322,7 @@ fn wordcount_config(
     interval: &str,
     mode: &str,
     line_delay_us: u64,
+    from_savepoint: Option<&Path>,
 ) -> Result<(cutline::JobGraph, RunConfig)> {
     let interval_ms = parse_interval(interval)?;
     let mode: CheckpointMode = mode.parse().map_err(anyhow::Error::msg)?;
@@ -178,6 +356,10 @@ fn wordcount_config(
             }
         }
     }
+    let from_savepoint = match from_savepoint {
+        Some(sp) => Some(check_savepoint(sp, &fingerprint)?),
+        None => None,
+    };
     // Build (and so validate) the job before creating any directory.
     let graph = cutline::jobs::wordcount_paced(
         &input_abs,
@@ -194,21 +376,107 @@ fn wordcount_config(
     let mut cfg = RunConfig::new(store, fingerprint);
     cfg.checkpoint.interval_ms = interval_ms;
     cfg.checkpoint.mode = mode;
+    cfg.from_savepoint = from_savepoint;
     Ok((graph, cfg))
 }
 
-fn run_wordcount(
-    input: &Path,
-    output: &Path,
-    state: &Path,
-    parallelism: u32,
-    interval: &str,
-    mode: &str,
-    verbose: bool,
-) -> Result<()> {
-    let (graph, mut cfg) = wordcount_config(input, output, state, parallelism, interval, mode, 0)?;
-    cfg.verbose = verbose;
-    let report = cutline::run(&graph, cfg)?;
+/// Check that `path` is a savepoint of the job `fingerprint` names before anything is created; the
+/// runtime opens it again when the run starts. Returns its absolute path.
+fn check_savepoint(path: &Path, fingerprint: &str) -> Result<PathBuf> {
+    let hint = "pass a directory that `cutline savepoint` printed";
+    let abs = std::path::absolute(path).with_context(|| format!("--from-savepoint {}", path.display()))?;
+    match std::fs::metadata(&abs) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => bail!("--from-savepoint {} is not a directory: {hint}", path.display()),
+        Err(e) => bail!("--from-savepoint {}: cannot open it ({e}): {hint}", path.display()),
+    }
+    let store = LocalDirStore::open_existing(&abs)?;
+    let meta = store
+        .read_meta()
+        .with_context(|| format!("--from-savepoint {}: its job.meta cannot be read", path.display()))?;
+    let Some(meta) = meta else {
+        bail!("--from-savepoint {} is not a savepoint (it has no job.meta): {hint}", path.display());
+    };
+    if meta.job_fingerprint != fingerprint {
+        bail!(
+            "--from-savepoint {}: the savepoint was taken from job {:?}, and this run is job {:?}: a savepoint restores into a run of the same job (the same --input and --output)",
+            path.display(),
+            meta.job_fingerprint,
+            fingerprint
+        );
+    }
+    if store.latest_complete()?.is_none() {
+        bail!("--from-savepoint {} holds no complete checkpoint, so it is not a savepoint: {hint}", path.display());
+    }
+    Ok(abs)
+}
+
+fn run_wordcount(a: &WordcountArgs) -> Result<()> {
+    // Settings are checked before anything is created.
+    let mut checkpoint = CheckpointConfig {
+        interval_ms: parse_interval(&a.checkpoint_interval)?,
+        mode: a.mode.parse().map_err(anyhow::Error::msg)?,
+        ..CheckpointConfig::default()
+    };
+    a.tuning.apply(&mut checkpoint)?;
+    let (graph, mut cfg) = wordcount_config(
+        &a.input,
+        &a.output,
+        &a.state,
+        a.parallelism,
+        &a.checkpoint_interval,
+        &a.mode,
+        a.line_delay_us,
+        a.from_savepoint.as_deref(),
+    )?;
+    cfg.checkpoint = checkpoint;
+    cfg.verbose = a.verbose;
+    if a.line_delay_us > 0 {
+        cfg.batch_size = 64;
+    }
+    let savepoint_dir = a.savepoint_dir.clone().unwrap_or_else(|| a.state.join("savepoints"));
+    cfg.savepoint_dir = Some(
+        std::path::absolute(&savepoint_dir).with_context(|| format!("--savepoint-dir {}", savepoint_dir.display()))?,
+    );
+    if cfg.from_savepoint.is_some() && cfg.store.latest_complete().ok().flatten().is_some() {
+        eprintln!(
+            "cutline: {} already holds checkpoints of this job: the run resumes from its latest checkpoint, not from the savepoint",
+            a.state.display()
+        );
+    }
+    let socket = a.state.join(admin::SOCKET_FILE);
+    let handle = cutline::spawn(graph, cfg);
+    // Serve the admin socket only once the job answers: it then holds the state directory's lock, so
+    // a second run on the same directory is refused by the lock and never touches this run's socket.
+    // If the job ended already (refused, failed or finished), `join` says how.
+    let server = match handle.checkpoint_config() {
+        Ok(_) => match admin::serve(handle.control(), &socket) {
+            Ok(server) => {
+                if a.verbose {
+                    let shown = std::path::absolute(&socket).unwrap_or(socket.clone());
+                    eprintln!(
+                        "cutline: admin socket {} (cutline status|tune|savepoint --state {})",
+                        shown.display(),
+                        a.state.display()
+                    );
+                }
+                Some(server)
+            }
+            Err(e @ AdminError::PathTooLong { .. }) => {
+                eprintln!("cutline: WARNING: running without an admin socket: {e}");
+                None
+            }
+            Err(e) => {
+                handle.stop();
+                let _ = handle.join();
+                return Err(e).context("cannot serve the admin socket; the job was stopped");
+            }
+        },
+        Err(_) => None,
+    };
+    let report = handle.join();
+    drop(server); // after the job ended: requests in progress are answered first
+    let report = report?;
     if report.already_finished {
         println!(
             "job already finished (final checkpoint {}); nothing written",
@@ -216,14 +484,133 @@ fn run_wordcount(
         );
         return Ok(());
     }
-    println!(
-        "finished: final checkpoint {}, {} checkpoints, {} failed, {} restarts{}",
-        report.final_checkpoint.map(|c| c.0).unwrap_or(0),
+    let counts = format!(
+        "{} checkpoints, {} failed, {} restarts{}",
         report.checkpoints_completed,
         report.checkpoints_failed,
         report.restarts,
         report.restored_from.map(|c| format!(", resumed from checkpoint {}", c.0)).unwrap_or_default()
     );
+    if let Some(sp) = &report.stopped_with_savepoint {
+        println!(
+            "stopped with savepoint {} in {} ({} bytes): {counts}; start a new run from it with --from-savepoint {}",
+            sp.checkpoint.0,
+            sp.path.display(),
+            sp.bytes,
+            sp.path.display()
+        );
+    } else if report.stopped {
+        println!("stopped: {counts}; run the same command again to resume from the latest checkpoint");
+    } else {
+        println!("finished: final checkpoint {}, {counts}", report.final_checkpoint.map(|c| c.0).unwrap_or(0));
+    }
+    Ok(())
+}
+
+/// Send `line` to the job running on `state`; its answer after `ok`.
+fn ask(state: &Path, line: &str) -> Result<String> {
+    let socket = state.join(admin::SOCKET_FILE);
+    match admin::request_ok(&socket, line) {
+        Ok(a) => Ok(a),
+        Err(AdminError::NotRunning { .. }) => bail!(
+            "no running job answers on {}: start it with cutline run wordcount ... --state {}",
+            socket.display(),
+            state.display()
+        ),
+        Err(AdminError::Refused(reason)) => bail!("the job refused: {reason}"),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn tune(state: &Path, args: &TuneArgs) -> Result<()> {
+    let given = args.given();
+    let line = if given.is_empty() {
+        "config".to_string()
+    } else {
+        let mut parts = vec!["set".to_string()];
+        for (flag, key, value) in given {
+            // Checked here too, so a typo is named by its flag; the job checks the combination.
+            let setting = admin::parse_setting(key, value).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+            parts.push(setting.to_protocol());
+        }
+        parts.join(" ")
+    };
+    let settings = ask(state, &line)?;
+    println!("checkpoint settings in force:");
+    for kv in settings.split_whitespace() {
+        println!("  {kv}");
+    }
+    Ok(())
+}
+
+fn savepoint(state: &Path, to: Option<&Path>, stop: bool) -> Result<()> {
+    let mut line = if stop { "stop-with-savepoint".to_string() } else { "savepoint".to_string() };
+    if let Some(to) = to {
+        let abs = std::path::absolute(to).with_context(|| format!("--to {}", to.display()))?;
+        // The job exports the savepoint only after taking it (and, with --stop, after stopping its
+        // sources): refuse a target it would refuse before asking.
+        match std::fs::read_dir(&abs).map(|mut entries| entries.next().is_none()) {
+            Ok(true) => {}
+            Ok(false) => {
+                bail!("--to {}: the directory exists and is not empty: choose a new directory", to.display())
+            }
+            Err(e) if abs.exists() => bail!("--to {}: cannot use it as the savepoint directory ({e})", to.display()),
+            Err(_) => {}
+        }
+        match abs.to_str() {
+            Some(p) if !p.contains(['\n', '\r']) => line.push_str(&format!(" to={p}")),
+            _ => bail!("--to {}: the path must be valid UTF-8 without line breaks", to.display()),
+        }
+    }
+    let answer = match ask(state, &line) {
+        Ok(a) => a,
+        // A stop-with-savepoint whose savepoint completed but could not be exported still stops the
+        // job: say which happened.
+        Err(e) if stop && wait_until_gone(state, std::time::Duration::from_secs(3)) => {
+            bail!("{e:#}\nthe job has stopped: run the same `cutline run` command to resume it from its latest checkpoint")
+        }
+        Err(e) => return Err(e),
+    };
+    let (fields, path) =
+        answer.split_once(" path=").with_context(|| format!("unexpected answer from the job: {answer:?}"))?;
+    println!("{path}");
+    let field = |k: &str| fields.split(' ').find_map(|kv| kv.strip_prefix(k)).unwrap_or("?");
+    eprintln!(
+        "cutline: savepoint of checkpoint {}, {} bytes; {}",
+        field("checkpoint="),
+        field("bytes="),
+        if stop { "the job stops" } else { "the job runs on" }
+    );
+    // The job has its savepoint and is stopping: return once it has (its socket is gone), so that a
+    // new run may start right away.
+    if stop && !wait_until_gone(state, std::time::Duration::from_secs(60)) {
+        eprintln!(
+            "cutline: WARNING: the job still answers on {} 60 s after its savepoint",
+            state.join(admin::SOCKET_FILE).display()
+        );
+    }
+    Ok(())
+}
+
+/// Wait until no job answers on `state` (its run has ended and removed its socket), at most `limit`.
+fn wait_until_gone(state: &Path, limit: std::time::Duration) -> bool {
+    let socket = state.join(admin::SOCKET_FILE);
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Err(AdminError::NotRunning { .. }) =
+            admin::request_with_timeout(&socket, "ping", std::time::Duration::from_secs(5))
+        {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn status(state: &Path) -> Result<()> {
+    println!("{}", ask(state, "status")?);
     Ok(())
 }
 
@@ -296,16 +683,6 @@ fn utc(unix_ms: u64) -> String {
     format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{ms:03}Z", rem / 3600, rem / 60 % 60, rem % 60)
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn utc_formats_known_instants() {
-        assert_eq!(super::utc(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(super::utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
-        assert_eq!(super::utc(1_795_980_486_035), "2026-11-29T19:28:06.035Z");
-    }
-}
-
 /// The text the demo counts.
 const DEMO_TEXT: &str = include_str!("../../../../data/demo.txt");
 
@@ -327,7 +704,7 @@ fn demo(dir: Option<PathBuf>) -> Result<()> {
         }
     }
     println!("cutline demo: counting words of {} ({} bytes) into {}", input.display(), text.len(), output.display());
-    let (graph, mut cfg) = wordcount_config(&input, &output, &state, 2, "50ms", "exactly-once", 200)?;
+    let (graph, mut cfg) = wordcount_config(&input, &output, &state, 2, "50ms", "exactly-once", 200, None)?;
     cfg.verbose = true;
     cfg.batch_size = 64;
     // One injected crash: the first sink commit after the second completed checkpoint fails.
@@ -420,4 +797,78 @@ fn bench(events: u64, keys: u64, parallelism: u32, interval: &str, max_concurren
         report.checkpoints.last().map(|c| c.bytes).unwrap_or(0),
     );
     Ok(())
+}
+
+fn bench_backlog(
+    mode: &str,
+    alignment_timeout: &str,
+    seconds: u64,
+    slow_rate: u64,
+    channel_capacity: usize,
+    batch_size: usize,
+    interval: &str,
+) -> Result<()> {
+    if seconds == 0 || slow_rate == 0 || channel_capacity == 0 || batch_size == 0 {
+        bail!("--seconds, --slow-rate, --channel-capacity and --batch-size must be positive");
+    }
+    let mut checkpoint = CheckpointConfig { interval_ms: parse_interval(interval)?, ..Default::default() };
+    match mode {
+        "aligned" => {}
+        "unaligned" => checkpoint.unaligned = true,
+        "timeout" => {
+            checkpoint.alignment_timeout_ms = Some(
+                admin::parse_duration_ms(alignment_timeout)
+                    .map_err(|e| anyhow::anyhow!("--alignment-timeout {alignment_timeout:?}: {e}"))?,
+            )
+        }
+        other => bail!("unknown --mode {other:?}: use aligned, unaligned or timeout"),
+    }
+    let dir = std::env::temp_dir().join(format!("cutline-bench-backlog-{}", std::process::id()));
+    let store = Arc::new(LocalDirStore::open(&dir)?);
+    let b = cutline::jobs::BacklogBench {
+        seconds,
+        slow_records_per_s: slow_rate,
+        channel_capacity,
+        batch_size,
+        checkpoint,
+    };
+    let r = cutline::jobs::backlog_bench(&b, store);
+    std::fs::remove_dir_all(&dir).ok();
+    let r = r.map_err(anyhow::Error::msg)?;
+    let pct = |mut v: Vec<u64>, p: f64| -> u64 {
+        if v.is_empty() {
+            return 0;
+        }
+        v.sort_unstable();
+        v[((v.len() as f64 - 1.0) * p).round() as usize]
+    };
+    let col = |f: &dyn Fn(&cutline::CheckpointSummary) -> u64| r.checkpoints.iter().map(f).collect::<Vec<u64>>();
+    println!(
+        "mode={mode} seconds={seconds} backlog_s={:.1} checkpoints={} failed={} duration_p50_ms={} duration_max_ms={} start_delay_p50_ms={} in_flight_bytes_p50={} switched_tasks_max={} channel_high_water={}/{} source_backpressured_ms={} records={} records_per_s={:.0} peak_rss_mib={:.1}",
+        r.backlog_s,
+        r.checkpoints.len(),
+        r.failed,
+        pct(col(&|c| c.duration_ms), 0.5),
+        pct(col(&|c| c.duration_ms), 1.0),
+        pct(col(&|c| c.start_delay_ms), 0.5),
+        pct(col(&|c| c.channel_state_bytes), 0.5),
+        pct(col(&|c| c.switched_tasks as u64), 1.0),
+        r.high_water_batches,
+        r.capacity_batches,
+        r.source_backpressured_ms,
+        r.records_processed,
+        r.records_processed as f64 / seconds as f64,
+        r.peak_rss_bytes.unwrap_or(0) as f64 / (1024.0 * 1024.0),
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_formats_known_instants() {
+        assert_eq!(super::utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(super::utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(super::utc(1_795_980_486_035), "2026-11-29T19:28:06.035Z");
+    }
 }
