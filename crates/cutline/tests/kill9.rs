@@ -201,7 +201,15 @@ fn wordcount_args(
     a.push("--state".into());
     a.push(state.into());
     a.extend(["--parallelism".into(), parallelism.to_string().into()]);
+    // "unaligned" and "aligned-timeout" are exactly-once with unaligned checkpoints, or aligned ones
+    // that switch after 2 ms.
+    let (mode, extra): (&str, &[&str]) = match mode {
+        "unaligned" => ("exactly-once", &["--unaligned"]),
+        "aligned-timeout" => ("exactly-once", &["--alignment-timeout", "2ms"]),
+        m => (m, &[]),
+    };
     a.extend(["--checkpoint-interval".into(), interval.into(), "--mode".into(), mode.into(), "-v".into()]);
+    a.extend(extra.iter().map(OsString::from));
     a
 }
 
@@ -516,6 +524,28 @@ fn kill_9_at_random_moments_with_one_worker_then_resume_gives_exact_output() {
         default_seed: 2,
         parallelism: 1,
         mode: "exactly-once",
+    });
+    assert_exact_output(&o);
+}
+
+#[test]
+fn kill_9_at_random_moments_with_unaligned_checkpoints_then_resume_gives_exact_output() {
+    let o = kill_and_resume(&KillScenario {
+        test: "kill_9_at_random_moments_with_unaligned_checkpoints_then_resume_gives_exact_output",
+        default_seed: 3,
+        parallelism: 2,
+        mode: "unaligned",
+    });
+    assert_exact_output(&o);
+}
+
+#[test]
+fn kill_9_at_random_moments_with_checkpoints_switching_after_their_alignment_timeout_gives_exact_output() {
+    let o = kill_and_resume(&KillScenario {
+        test: "kill_9_at_random_moments_with_checkpoints_switching_after_their_alignment_timeout_gives_exact_output",
+        default_seed: 4,
+        parallelism: 2,
+        mode: "aligned-timeout",
     });
     assert_exact_output(&o);
 }
