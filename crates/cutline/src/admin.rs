@@ -37,7 +37,7 @@
 //! | `tolerable-failures` | integer | consecutive failed checkpoints tolerated before a failover |
 //! | `mode` | `exactly-once` or `at-least-once` | checkpoint mode |
 //! | `unaligned` | `true` or `false` | exactly-once checkpoints are unaligned |
-//! | `alignment-timeout` | duration or `off` | aligned checkpoints switch to unaligned after aligning this long |
+//! | `alignment-timeout` | duration or `off` | aligned checkpoints switch to unaligned once this old (from their trigger) |
 //! | `max-aligned-bytes` | bytes or `off` | aligned checkpoints switch to unaligned when blocked inputs hold more |
 //!
 //! Durations are `0`, or a whole number with `ms`, `s`, `m` or `h` (`200ms`, `30s`). Byte counts are a

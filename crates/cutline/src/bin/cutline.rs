@@ -216,7 +216,7 @@ struct TuneArgs {
     /// true or false: exactly-once checkpoints are unaligned.
     #[arg(long)]
     unaligned: Option<String>,
-    /// Switch aligned checkpoints to unaligned after aligning this long (e.g. 500ms), or `off`.
+    /// Switch aligned checkpoints to unaligned once they are this old, counted from their trigger (e.g. 500ms), or `off`.
     #[arg(long)]
     alignment_timeout: Option<String>,
     /// Switch aligned checkpoints to unaligned above this many blocked bytes (e.g. 64MiB), or `off`.
