@@ -87,17 +87,44 @@ pub enum StorageError {
     Injected(String),
     #[error("another run is using {path} (in this process or another; it holds the lock there): stop it first, or use another state directory")]
     Locked { path: PathBuf },
+    /// A request to a remote store (an object store) failed, after `attempts` tries when `transient`.
+    #[error("cannot {op} {location} ({}): {source}; {hint}", attempts_text(.attempts))]
+    Remote {
+        /// What was addressed, e.g. `s3://bucket/prefix/checkpoints/chk-…/_MANIFEST`.
+        location: String,
+        op: &'static str,
+        /// The HTTP status the store answered with, if it answered.
+        status: Option<u16>,
+        /// Whether trying again later may succeed (no answer, a timeout, a 5xx or 429 answer).
+        transient: bool,
+        /// How many times the request was sent before giving up.
+        attempts: u32,
+        /// What to check, for the message.
+        hint: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+fn attempts_text(attempts: &u32) -> String {
+    match attempts {
+        1 => "1 attempt".to_string(),
+        n => format!("{n} attempts"),
+    }
 }
 
 impl StorageError {
-    /// Whether retrying the same operation may succeed: interrupted or timed-out I/O and injected
-    /// failures. Corruption, missing files and contract violations are not transient.
+    /// Whether retrying the same operation may succeed: interrupted or timed-out I/O, injected
+    /// failures, and remote requests that got no answer, timed out or met a server error (after the
+    /// store's own retries). Corruption, missing files, refused requests (bad credentials, missing
+    /// bucket) and contract violations are not transient.
     pub fn is_transient(&self) -> bool {
         match self {
             StorageError::Io { source, .. } => {
                 matches!(source.kind(), ErrorKind::Interrupted | ErrorKind::TimedOut | ErrorKind::WouldBlock)
             }
             StorageError::Injected(_) => true,
+            StorageError::Remote { transient, .. } => *transient,
             _ => false,
         }
     }

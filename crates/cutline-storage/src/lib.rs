@@ -5,7 +5,8 @@
 //!
 //! - [`format`](mod@format): the file frame (magic, version, kind, length, payload, CRC32).
 //! - [`CheckpointStore`]: the storage contract, implemented by [`LocalDirStore`] (a directory) and
-//!   [`MemStore`] (memory, for simulations), wrapped by [`FaultyStore`] for failure drills.
+//!   [`MemStore`] (memory, for simulations), wrapped by [`FaultyStore`] for failure drills; with the
+//!   cargo feature `s3`, also by `S3Store` (a bucket of any S3-compatible object store).
 //! - [`Manifest`], [`TaskStateHandle`], [`JobMeta`]: the records kept.
 
 mod error;
@@ -14,6 +15,8 @@ pub mod format;
 mod local;
 mod manifest;
 mod mem;
+#[cfg(feature = "s3")]
+mod object;
 mod store;
 
 pub use error::StorageError;
@@ -22,6 +25,8 @@ pub use format::{decode_frame, encode_frame, FileKind, FORMAT_VERSION};
 pub use local::LocalDirStore;
 pub use manifest::{JobMeta, Manifest, TaskStateHandle};
 pub use mem::MemStore;
+#[cfg(feature = "s3")]
+pub use object::{RetryLimits, S3Config, S3Store};
 pub use store::{CheckpointListing, CheckpointStore, GcReport, StoreLock};
 
 #[cfg(test)]
