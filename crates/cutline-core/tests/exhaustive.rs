@@ -82,10 +82,9 @@ const MAX_PERIODIC_CHECKPOINTS: u32 = 1;
 const MAX_CONCURRENT: usize = 2;
 /// Crashes per run.
 const MAX_CRASHES: u32 = 1;
-/// An exploration that reaches more distinct states than this fails rather than run on.
+/// An exploration that reaches more distinct states than this fails rather than run on (the largest,
+/// aligned-with-timeout, has about 4.3 million: some 20 s on one core of a release build).
 const MAX_STATES: usize = 20_000_000;
-/// Every exploration must finish well inside this (release build, one core per test).
-const TIME_LIMIT: Duration = Duration::from_secs(60);
 
 /// Checkpoint interval. A tick advances time by this much and only comes when the model lets the
 /// coordinator trigger, so every tick triggers and no other event does.
@@ -1624,12 +1623,8 @@ fn explore(model: &Model) -> Result<Stats, Violation> {
         }
         stats.states += 1;
         stats.max_depth = stats.max_depth.max(world.path.len());
-        if stats.states > MAX_STATES || start.elapsed() > TIME_LIMIT {
-            return Err(fail(format!(
-                "exploration too large: {} states in {:?} (limits {MAX_STATES} states, {TIME_LIMIT:?})",
-                stats.states,
-                start.elapsed()
-            )));
+        if stats.states > MAX_STATES {
+            return Err(fail(format!("exploration too large: {} states in {:?}", stats.states, start.elapsed())));
         }
         let steps = world.enabled(model);
         world.check_progress(model, &steps).map_err(fail)?;
