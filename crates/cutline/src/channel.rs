@@ -21,9 +21,15 @@ use std::time::Duration;
 /// A task's doorbell: producers, consumers and the coordinator ring it when the task may have
 /// something to do; the task sleeps on it otherwise. Rings are counted, so none is lost between the
 /// task's last look and its sleep.
+///
+/// A ring costs two atomic operations when the task is awake; only a sleeping task is signalled
+/// through the mutex and condition variable. (Both sides use sequentially consistent operations: a
+/// ringer that sees no sleeper rang before the sleeper looked at the count, so the sleeper sees it.)
 #[derive(Default)]
 pub(crate) struct Waker {
-    rings: Mutex<u64>,
+    rings: AtomicU64,
+    sleepers: AtomicU64,
+    lock: Mutex<()>,
     cv: Condvar,
 }
 
@@ -33,23 +39,30 @@ impl Waker {
     }
 
     pub fn ring(&self) {
-        let mut r = self.rings.lock().expect("waker");
-        *r = r.wrapping_add(1);
-        self.cv.notify_all();
+        self.rings.fetch_add(1, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            // Taking the lock orders this notification after a sleeper's check-then-wait.
+            let _g = self.lock.lock().expect("waker");
+            self.cv.notify_all();
+        }
     }
 
     /// The current ring count: take it before looking for work, then [`Waker::sleep`] with it.
     pub fn rings(&self) -> u64 {
-        *self.rings.lock().expect("waker")
+        self.rings.load(Ordering::SeqCst)
     }
 
     /// Sleep until a ring after `seen`, or `timeout`.
     pub fn sleep(&self, seen: u64, timeout: Duration) {
-        let r = self.rings.lock().expect("waker");
-        if *r != seen {
-            return;
+        let g = self.lock.lock().expect("waker");
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        if self.rings.load(Ordering::SeqCst) == seen {
+            let _ = self
+                .cv
+                .wait_timeout_while(g, timeout, |_| self.rings.load(Ordering::SeqCst) == seen)
+                .expect("waker");
         }
-        let _ = self.cv.wait_timeout_while(r, timeout, |r| *r == seen).expect("waker");
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -67,6 +80,10 @@ struct Queue<T> {
 
 struct Shared<T> {
     q: Mutex<Queue<T>>,
+    /// A copy of `Queue::batches` (written under the lock), so that credit checks take no lock.
+    batches: AtomicU64,
+    /// Set once the receiver is gone.
+    receiver_gone: std::sync::atomic::AtomicBool,
     capacity: usize,
     consumer: Arc<Waker>,
     producer: Arc<Waker>,
@@ -103,6 +120,8 @@ pub(crate) fn channel<T>(capacity: usize, producer: Arc<Waker>, consumer: Arc<Wa
             receiver_gone: false,
             measured: (0, 0),
         }),
+        batches: AtomicU64::new(0),
+        receiver_gone: std::sync::atomic::AtomicBool::new(false),
         capacity,
         consumer,
         producer,
@@ -126,6 +145,7 @@ impl<T> Tx<T> {
             q.markers += 1;
         } else {
             q.batches += 1;
+            s.batches.store(q.batches as u64, Ordering::Relaxed);
             s.high_water.fetch_max(q.batches as u64, Ordering::Relaxed);
         }
         q.msgs.push_back(m);
@@ -138,10 +158,11 @@ impl<T> Tx<T> {
         Ok(())
     }
 
-    /// May the producer start work that adds to this channel?
+    /// May the producer start work that adds to this channel? (Lock-free; a stale answer only delays
+    /// the producer until the consumer's next ring.)
     pub fn has_credit(&self) -> bool {
-        let q = self.0.lock();
-        q.batches < self.0.capacity || q.receiver_gone
+        (self.0.batches.load(Ordering::Relaxed) as usize) < self.0.capacity
+            || self.0.receiver_gone.load(Ordering::Relaxed)
     }
 }
 
@@ -208,7 +229,10 @@ impl<T> Rx<T> {
                 let freed = match m {
                     Message::Data(_) => {
                         q.batches -= 1;
-                        q.batches + 1 == s.capacity
+                        s.batches.store(q.batches as u64, Ordering::Relaxed);
+                        // Ring the producer when the queue drains to half its capacity, not at every
+                        // freed slot: it then refills in a burst instead of waking once per batch.
+                        q.batches == s.capacity / 2
                     }
                     _ => {
                         q.markers -= 1;
@@ -256,6 +280,7 @@ impl<T: Send + 'static> Rx<T> {
 impl<T> Drop for Rx<T> {
     fn drop(&mut self) {
         self.0.lock().receiver_gone = true;
+        self.0.receiver_gone.store(true, Ordering::Relaxed);
         self.0.producer.ring();
     }
 }
@@ -330,7 +355,7 @@ mod tests {
         assert!(!tx.has_credit(), "still at capacity");
         assert!(matches!(rx.poll(&|_| false, &enc, true), Taken::Msg(Message::Data(v)) if v == [2]));
         assert!(tx.has_credit());
-        assert_ne!(p.rings(), seen, "the producer was rung when credit returned");
+        assert_ne!(p.rings(), seen, "the producer was rung when the queue drained to half its capacity");
         assert_eq!(rx.probe_stats().high_water_batches, 3);
     }
 
