@@ -56,7 +56,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -417,7 +417,7 @@ const HELP: &str = "requests:
   help";
 
 /// Carry out one request line through `control` and return the whole answer.
-fn answer(control: &JobControl, line: &str, set_lock: &Mutex<()>) -> String {
+fn answer(control: &JobControl, line: &str) -> String {
     let request = match parse_request(line) {
         Ok(r) => r,
         Err(e) => return format!("error: {e}"),
@@ -428,14 +428,14 @@ fn answer(control: &JobControl, line: &str, set_lock: &Mutex<()>) -> String {
         Request::Config => control.checkpoint_config().map(|c| format!("ok {}", format_config(&c))),
         Request::Status => control.metrics().map(|m| format!("ok\n{}", format_status(&m))),
         Request::Set(settings) => {
-            // One `set` at a time through this endpoint: each reads the settings in force and changes
-            // only its own keys, so two of them must not interleave.
-            let _one = set_lock.lock().unwrap_or_else(|p| p.into_inner());
-            control.checkpoint_config().and_then(|current| {
-                let new = apply_settings(&current, &settings)?;
-                control.set_checkpoint_config(new)?;
-                control.checkpoint_config().map(|c| format!("ok {}", format_config(&c)))
-            })
+            // Applied on the job's coordinator thread to the settings in force: only the given keys
+            // change, whoever else changes others meanwhile.
+            control
+                .update_checkpoint_config(move |cfg| {
+                    *cfg = apply_settings(cfg, &settings)?;
+                    Ok(())
+                })
+                .map(|c| format!("ok {}", format_config(&c)))
         }
         Request::Savepoint { to, stop } => {
             let r = if stop { control.stop_with_savepoint(to) } else { control.savepoint(to) };
@@ -618,7 +618,6 @@ fn probe_live(socket: &Path) -> bool {
 }
 
 fn accept_loop(listener: UnixListener, control: JobControl, stop: Arc<AtomicBool>) {
-    let set_lock = Arc::new(Mutex::new(()));
     let mut handlers: Vec<JoinHandle<()>> = Vec::new();
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {
@@ -630,10 +629,10 @@ fn accept_loop(listener: UnixListener, control: JobControl, stop: Arc<AtomicBool
                     let _ = (&stream).write_all(b"error: busy: too many admin requests in progress; try again\n");
                     continue;
                 }
-                let (control, set_lock) = (control.clone(), set_lock.clone());
+                let control = control.clone();
                 match std::thread::Builder::new()
                     .name("cutline-admin-req".into())
-                    .spawn(move || handle_connection(stream, &control, &set_lock))
+                    .spawn(move || handle_connection(stream, &control))
                 {
                     Ok(h) => handlers.push(h),
                     Err(_) => std::thread::sleep(ACCEPT_POLL), // the stream is dropped: the client sees EOF
@@ -655,11 +654,11 @@ fn accept_loop(listener: UnixListener, control: JobControl, stop: Arc<AtomicBool
     }
 }
 
-fn handle_connection(mut stream: UnixStream, control: &JobControl, set_lock: &Mutex<()>) {
+fn handle_connection(mut stream: UnixStream, control: &JobControl) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_write_timeout(Some(ANSWER_WRITE_TIMEOUT));
     let mut text = match read_request(&mut stream) {
-        Ok(line) => answer(control, &line, set_lock),
+        Ok(line) => answer(control, &line),
         Err(e) => format!("error: {e}"),
     };
     if !text.ends_with('\n') {

@@ -424,10 +424,15 @@ pub(crate) fn prepare_start(
 enum Command {
     Stop,
     SetCheckpointConfig(CheckpointConfig, Sender<Result<(), String>>),
+    UpdateCheckpointConfig(ConfigEdit, Sender<Result<CheckpointConfig, String>>),
     CheckpointConfig(Sender<CheckpointConfig>),
     Savepoint { stop: bool, target: Option<PathBuf>, reply: Sender<Result<SavepointInfo, String>> },
     Metrics(Sender<JobMetrics>),
 }
+
+/// A change to the settings in force, applied on the coordinator's thread (see
+/// [`JobControl::update_checkpoint_config`]).
+type ConfigEdit = Box<dyn FnOnce(&mut CheckpointConfig) -> Result<(), String> + Send>;
 
 /// What a running job reports about itself (see [`JobControl::metrics`]).
 #[derive(Clone, Debug, Default)]
@@ -477,6 +482,18 @@ impl JobControl {
     pub fn set_checkpoint_config(&self, config: CheckpointConfig) -> Result<(), String> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.commands.send(Command::SetCheckpointConfig(config, tx)).map_err(ended)?;
+        rx.recv().map_err(ended)?
+    }
+
+    /// Change some checkpoint settings atomically: `edit` gets the settings in force and changes what
+    /// it wants, on the job's coordinator thread, so concurrent callers never undo each other's
+    /// changes. Returns the settings now in force; an `edit` error or invalid result changes nothing.
+    pub fn update_checkpoint_config(
+        &self,
+        edit: impl FnOnce(&mut CheckpointConfig) -> Result<(), String> + Send + 'static,
+    ) -> Result<CheckpointConfig, String> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.commands.send(Command::UpdateCheckpointConfig(Box::new(edit), tx)).map_err(ended)?;
         rx.recv().map_err(ended)?
     }
 
@@ -747,6 +764,9 @@ fn after_failure(
                     Ok(Command::SetCheckpointConfig(_, reply)) => {
                         let _ = reply.send(Err("the job is restarting; try again".into()));
                     }
+                    Ok(Command::UpdateCheckpointConfig(_, reply)) => {
+                        let _ = reply.send(Err("the job is restarting; try again".into()));
+                    }
                     Ok(Command::CheckpointConfig(reply)) => {
                         let _ = reply.send(current.clone());
                     }
@@ -884,6 +904,14 @@ fn run_generation(
                 }
                 Ok(Command::CheckpointConfig(reply)) => {
                     let _ = reply.send(coord.config().clone());
+                }
+                Ok(Command::UpdateCheckpointConfig(edit, reply)) => {
+                    let mut config = coord.config().clone();
+                    let result = edit(&mut config).and_then(|()| coord.set_config(config)).map(|()| coord.config().clone());
+                    if let Ok(c) = &result {
+                        plane.log(&|| format!("new checkpoint settings: {c:?}"));
+                    }
+                    let _ = reply.send(result);
                 }
                 Ok(Command::Savepoint { stop, target, reply }) => {
                     if savepoint.is_some() {

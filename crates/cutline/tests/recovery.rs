@@ -493,3 +493,52 @@ fn a_straggler_times_checkpoints_out_is_named_and_the_job_fails_over_after_the_t
     assert!(named, "the straggler is not named: {:?}", report.failed_checkpoints);
     assert!(report.restarts >= 1, "two consecutive timeouts with one tolerable must fail over");
 }
+
+#[test]
+fn concurrent_partial_setting_changes_never_undo_each_other() {
+    // A job that runs until stopped (a long, slow source).
+    let job = Job::new("long");
+    job.source("numbers", GeneratorSource::new(u64::MAX / 2, |i| i % KEYS))
+        .map(|k: u64| {
+            std::thread::sleep(Duration::from_micros(50));
+            k
+        })
+        .key_by(|k: &u64| *k)
+        .aggregate("counts", || 0u64, |c, _k| *c += 1, |k, c| format!("{k}:{c}"))
+        .sink("out", MemoryTxnSink::new(Arc::new(Mutex::new(MemoryTxnStore::default()))));
+    let dir = tempfile::tempdir().unwrap();
+    let handle = cutline::spawn(job.build().unwrap(), config(dir.path()));
+    let (a, b) = (handle.control(), handle.control());
+    let t1 = std::thread::spawn(move || {
+        for i in 0..50u64 {
+            a.update_checkpoint_config(move |c| {
+                c.timeout_ms = 10_000 + i;
+                Ok(())
+            })
+            .unwrap();
+        }
+    });
+    let t2 = std::thread::spawn(move || {
+        for i in 0..50u32 {
+            b.update_checkpoint_config(move |c| {
+                c.tolerable_failures = 100 + i;
+                Ok(())
+            })
+            .unwrap();
+        }
+    });
+    t1.join().unwrap();
+    t2.join().unwrap();
+    let c = handle.checkpoint_config().unwrap();
+    assert_eq!((c.timeout_ms, c.tolerable_failures), (10_049, 149), "one writer undid the other's change");
+    // An edit that fails, or leaves invalid settings, changes nothing.
+    assert!(handle.update_checkpoint_config(|_| Err("no".into())).is_err());
+    let invalid = handle.update_checkpoint_config(|c| {
+        c.max_concurrent = 0;
+        Ok(())
+    });
+    assert!(invalid.unwrap_err().contains("max concurrent"));
+    assert_eq!(handle.checkpoint_config().unwrap(), c);
+    handle.stop();
+    assert!(handle.join().unwrap().stopped);
+}
