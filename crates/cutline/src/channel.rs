@@ -57,10 +57,8 @@ impl Waker {
         let g = self.lock.lock().expect("waker");
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         if self.rings.load(Ordering::SeqCst) == seen {
-            let _ = self
-                .cv
-                .wait_timeout_while(g, timeout, |_| self.rings.load(Ordering::SeqCst) == seen)
-                .expect("waker");
+            let _ =
+                self.cv.wait_timeout_while(g, timeout, |_| self.rings.load(Ordering::SeqCst) == seen).expect("waker");
         }
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
     }

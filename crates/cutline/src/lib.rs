@@ -46,6 +46,7 @@ pub use cutline_core::coordinator::CheckpointConfig;
 pub use cutline_core::restart::RestartStrategy;
 pub use cutline_core::{CheckpointId, Generation};
 pub use cutline_storage::{CheckpointStore, LocalDirStore, MemStore};
+pub use driver::FailedCheckpoint;
 pub use emit::DEFAULT_BATCH_SIZE;
 pub use fault::{FaultPoint, Faults};
 pub use graph::{EdgeKind, JobGraph};
@@ -53,7 +54,6 @@ pub use message::TaskError;
 pub use runtime::{
     run, spawn, CheckpointSummary, JobControl, JobHandle, JobMetrics, JobReport, RunConfig, RunError, TaskReport,
 };
-pub use driver::FailedCheckpoint;
 pub use savepoint::SavepointInfo;
 pub use sink::{
     DiscardSink, MemoryTxnSink, MemoryTxnStore, PendingFile, PrintSink, Sink, SinkContext, TransactionalFileSink,
