@@ -162,6 +162,11 @@ impl<T> Tx<T> {
         (self.0.batches.load(Ordering::Relaxed) as usize) < self.0.capacity
             || self.0.receiver_gone.load(Ordering::Relaxed)
     }
+
+    /// Data batches queued and not yet taken by the consumer (lock-free, may be stale).
+    pub fn queued_batches(&self) -> usize {
+        self.0.batches.load(Ordering::Relaxed) as usize
+    }
 }
 
 impl<T> Drop for Tx<T> {

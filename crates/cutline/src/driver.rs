@@ -7,7 +7,7 @@
 //! a task) differs between them.
 
 use crate::fault::{FaultPoint, Faults};
-use crate::graph::{DeployedTask, EdgeKind, JobGraph};
+use crate::graph::{EdgeKind, JobGraph};
 use crate::message::Control;
 use crate::runtime::{AckReport, CheckpointSummary, RunError};
 use crate::state::SnapshotBuilder;
@@ -28,23 +28,21 @@ pub(crate) struct TaskMeta {
     pub key_groups: Option<KeyGroupRange>,
 }
 
-/// Storage metadata of every deployed task, indexed by task id.
-pub(crate) fn task_metas(graph: &JobGraph, deployed: &[DeployedTask]) -> Vec<TaskMeta> {
-    deployed
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            assert_eq!(d.task.id.0 as usize, i, "task ids are dense and in deploy order");
-            let st = &graph.stages[d.stage];
-            let keyed = st.inputs.first().is_some_and(|e| graph.edges[*e].kind == EdgeKind::Hash);
-            TaskMeta {
+/// Storage metadata of every task of the job, indexed by task id (dense, stage by stage).
+pub(crate) fn task_metas(graph: &JobGraph) -> Vec<TaskMeta> {
+    let mut metas = Vec::with_capacity(graph.task_count());
+    for st in graph.stages.iter() {
+        let keyed = st.inputs.first().is_some_and(|e| graph.edges[*e].kind == EdgeKind::Hash);
+        for subtask in 0..st.parallelism {
+            metas.push(TaskMeta {
                 operator: OperatorId::new(st.uid.clone()),
-                subtask: d.subtask,
+                subtask,
                 parallelism: st.parallelism,
-                key_groups: keyed.then(|| KeyGroupRange::for_subtask(graph.max_parallelism, st.parallelism, d.subtask)),
-            }
-        })
-        .collect()
+                key_groups: keyed.then(|| KeyGroupRange::for_subtask(graph.max_parallelism, st.parallelism, subtask)),
+            });
+        }
+    }
+    metas
 }
 
 /// A task's captured state on its way to storage.
@@ -328,15 +326,14 @@ pub(crate) fn coordinator_for<'a>(
     slot: &'a mut Option<Coordinator<AckReport>>,
     config: &cutline_core::coordinator::CheckpointConfig,
     generation: Generation,
-    deployed: &[DeployedTask],
+    tasks: (Vec<TaskId>, Vec<TaskId>),
     epochs: (CheckpointId, CheckpointId),
     restored: Option<CheckpointId>,
     now: TimeMs,
     store: &dyn CheckpointStore,
     plane: &dyn ControlPlane,
 ) -> &'a mut Coordinator<AckReport> {
-    let ids: Vec<TaskId> = deployed.iter().map(|d| d.task.id).collect();
-    let sources: Vec<TaskId> = deployed.iter().filter(|d| d.task.is_source()).map(|d| d.task.id).collect();
+    let (ids, sources) = tasks;
     let (first, lease_end) = epochs;
     match slot {
         None => {

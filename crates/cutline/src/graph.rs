@@ -9,6 +9,7 @@ use crate::api::Data;
 use crate::channel::{channel, ChannelProbe, Rx, Tx, Waker};
 use crate::fault::Faults;
 use crate::message::TaskError;
+use crate::net::data::{in_pump, out_pump, ChannelKey, InPump, OutPump};
 use crate::state::RestoreIndex;
 use crate::task::{Task, TaskBody};
 use cutline_core::TaskId;
@@ -63,7 +64,13 @@ pub(crate) struct EdgePlan<'a> {
     pub capacity: usize,
     pub from: &'a str,
     pub to: &'a str,
+    /// In a multi-process job: which upstream and downstream subtasks run in this process. Channels
+    /// between a local and a remote subtask get a pump instead of their remote end.
+    pub local: Option<(&'a [bool], &'a [bool])>,
 }
+
+/// A pump of a channel crossing processes: (upstream subtask, downstream subtask, pump).
+pub(crate) type Crossing<P> = (u32, u32, Box<P>);
 
 /// The channels of one edge: per upstream subtask its boxed `Vec<Tx<T>>`, per downstream subtask its
 /// boxed `Vec<Rx<T>>` and the probes of those channels.
@@ -71,6 +78,10 @@ pub(crate) struct EdgeChannels {
     pub senders: Vec<Box<dyn Any + Send>>,
     pub receivers: Vec<Box<dyn Any + Send>>,
     pub probes: Vec<Vec<ChannelProbe>>,
+    /// Channels from a local upstream subtask to a remote downstream one.
+    pub outs: Vec<Crossing<dyn OutPump>>,
+    /// Channels from a remote upstream subtask to a local downstream one.
+    pub ins: Vec<Crossing<dyn InPump>>,
 }
 
 /// Makes the channels of one edge.
@@ -100,8 +111,30 @@ pub(crate) fn channel_factory<T: Data>() -> ChannelFactory {
                 }
             }
         }
+        let (mut outs, mut ins): (Vec<Crossing<dyn OutPump>>, Vec<Crossing<dyn InPump>>) = (Vec::new(), Vec::new());
+        if let Some((up_local, down_local)) = plan.local {
+            let forward = plan.forward;
+            for (d, rxs) in receivers.iter_mut().enumerate().filter(|(d, _)| !down_local[*d]) {
+                for (i, rx) in rxs.drain(..).enumerate() {
+                    let u = if forward { d } else { i };
+                    if up_local[u] {
+                        outs.push((u as u32, d as u32, out_pump(rx)));
+                    }
+                }
+            }
+            for (u, txs) in senders.iter_mut().enumerate().filter(|(u, _)| !up_local[*u]) {
+                for (i, tx) in txs.drain(..).enumerate() {
+                    let d = if forward { u } else { i };
+                    if down_local[d] {
+                        ins.push((u as u32, d as u32, in_pump(tx)));
+                    }
+                }
+            }
+        }
         let probes = receivers.iter().map(|v| v.iter().map(|r| r.probe()).collect()).collect();
         EdgeChannels {
+            outs,
+            ins,
             senders: senders.into_iter().map(|v| Box::new(v) as Box<dyn Any + Send>).collect(),
             receivers: receivers.into_iter().map(|v| Box::new(v) as Box<dyn Any + Send>).collect(),
             probes,
@@ -147,12 +180,28 @@ pub struct JobGraph {
 /// One deployed task and what the driver needs to know about it.
 pub(crate) struct DeployedTask {
     pub task: Task,
-    pub stage: usize,
-    pub subtask: u32,
     /// Rung when the task may have something to do.
     pub waker: Arc<Waker>,
     /// The channels this task reads.
     pub inputs: Vec<ChannelProbe>,
+}
+
+/// Where the tasks of a multi-process job run, from one process's point of view.
+pub(crate) struct Placement {
+    /// The worker of every task, by task id.
+    pub worker_of: Vec<u32>,
+    /// This process's worker.
+    pub me: u32,
+    /// Per worker: the waker that stands for all its tasks here (the link threads sleep on it).
+    pub peer_wakers: Vec<Arc<Waker>>,
+}
+
+/// The local part of a deployment in a multi-process job: local tasks and the pumps of the channels
+/// that cross to other workers, with the worker at the other end.
+pub(crate) struct PlacedDeployment {
+    pub tasks: Vec<DeployedTask>,
+    pub outs: Vec<(ChannelKey, u32, Box<dyn OutPump>)>,
+    pub ins: Vec<(ChannelKey, u32, Box<dyn InPump>)>,
 }
 
 /// Settings of one deployment.
@@ -202,10 +251,72 @@ impl JobGraph {
         s
     }
 
+    /// The first task id of every stage (task ids are dense, stage by stage).
+    fn stage_bases(&self) -> Vec<u32> {
+        let mut base = 0;
+        self.stages
+            .iter()
+            .map(|st| {
+                let b = base;
+                base += st.parallelism;
+                b
+            })
+            .collect()
+    }
+
+    /// The ids of the source tasks, and the name ("stage#subtask") of every task by id.
+    pub(crate) fn task_names_and_sources(&self) -> (Vec<String>, Vec<TaskId>) {
+        let mut names = Vec::new();
+        let mut sources = Vec::new();
+        for st in self.stages.iter() {
+            for sub in 0..st.parallelism {
+                if st.inputs.is_empty() {
+                    sources.push(TaskId(names.len() as u32));
+                }
+                names.push(format!("{}#{}", st.uid, sub));
+            }
+        }
+        (names, sources)
+    }
+
     /// Create channels and tasks for one generation. Task ids are dense, stage by stage.
     pub(crate) fn deploy(&self, opts: &DeployOptions<'_>) -> Result<Vec<DeployedTask>, TaskError> {
-        let wakers: Vec<Vec<Arc<Waker>>> =
-            self.stages.iter().map(|st| (0..st.parallelism).map(|_| Waker::new()).collect()).collect();
+        Ok(self.deploy_placed(opts, None)?.tasks)
+    }
+
+    /// Create the tasks of one generation that `placement` puts in this process (all of them
+    /// without a placement), their channels, and pumps for the channels that cross processes.
+    pub(crate) fn deploy_placed(
+        &self,
+        opts: &DeployOptions<'_>,
+        placement: Option<&Placement>,
+    ) -> Result<PlacedDeployment, TaskError> {
+        let bases = self.stage_bases();
+        let worker_of = |stage: usize, sub: u32| placement.map(|p| p.worker_of[(bases[stage] + sub) as usize]);
+        let is_local = |stage: usize, sub: u32| placement.is_none_or(|p| worker_of(stage, sub) == Some(p.me));
+        if let Some(p) = placement {
+            assert_eq!(p.worker_of.len(), self.task_count(), "a placement names the worker of every task");
+        }
+        let local: Vec<Vec<bool>> = self
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(si, st)| (0..st.parallelism).map(|s| is_local(si, s)).collect())
+            .collect();
+        let wakers: Vec<Vec<Arc<Waker>>> = self
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(si, st)| {
+                (0..st.parallelism)
+                    .map(|sub| match (placement, worker_of(si, sub)) {
+                        (Some(p), Some(w)) if w != p.me => p.peer_wakers[w as usize].clone(),
+                        _ => Waker::new(),
+                    })
+                    .collect()
+            })
+            .collect();
+        let (mut outs, mut ins) = (Vec::new(), Vec::new());
         // Channels per edge.
         let mut up_ends: Vec<Vec<Option<Box<dyn Any + Send>>>> = Vec::new();
         let mut down_ends: Vec<Vec<Option<Box<dyn Any + Send>>>> = Vec::new();
@@ -218,8 +329,18 @@ impl JobGraph {
                 capacity: opts.channel_capacity,
                 from: &self.stages[e.from].uid,
                 to: &self.stages[e.to].uid,
+                local: placement.map(|_| (&local[e.from][..], &local[e.to][..])),
             };
-            let ch = (e.channels)(&plan);
+            let mut ch = (e.channels)(&plan);
+            let ei = up_ends.len() as u32;
+            for (up, down, pump) in ch.outs.drain(..) {
+                let peer = worker_of(e.to, down).expect("pumps only with a placement");
+                outs.push((ChannelKey { edge: ei, up, down }, peer, pump));
+            }
+            for (up, down, pump) in ch.ins.drain(..) {
+                let peer = worker_of(e.from, up).expect("pumps only with a placement");
+                ins.push((ChannelKey { edge: ei, up, down }, peer, pump));
+            }
             up_ends.push(ch.senders.into_iter().map(Some).collect());
             down_ends.push(ch.receivers.into_iter().map(Some).collect());
             probes.push(ch.probes);
@@ -229,6 +350,11 @@ impl JobGraph {
         for (si, st) in self.stages.iter().enumerate() {
             let factory = st.factory.as_ref().expect("validated: every stage is closed");
             for sub in 0..st.parallelism {
+                if !local[si][sub as usize] {
+                    // Another process runs it; its channel ends here are pumps or unused.
+                    next_id += 1;
+                    continue;
+                }
                 let inputs = st
                     .inputs
                     .iter()
@@ -255,13 +381,13 @@ impl JobGraph {
                 let name = format!("{}#{}", st.uid, sub);
                 tasks.push(DeployedTask {
                     task: Task::new(id, name, body, opts.faults.clone(), opts.max_channel_state_bytes),
-                    stage: si,
-                    subtask: sub,
                     waker: wakers[si][sub as usize].clone(),
                     inputs: input_probes,
                 });
             }
         }
-        Ok(tasks)
+        outs.sort_by_key(|(k, _, _)| *k);
+        ins.sort_by_key(|(k, _, _)| *k);
+        Ok(PlacedDeployment { tasks, outs, ins })
     }
 }

@@ -24,11 +24,14 @@
 pub mod admin;
 mod api;
 mod channel;
+pub mod cluster;
+pub mod coordbench;
 mod driver;
 mod emit;
 mod fault;
 mod graph;
 mod message;
+mod net;
 pub mod runtime;
 mod savepoint;
 pub mod sim;

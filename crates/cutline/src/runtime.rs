@@ -201,7 +201,7 @@ pub struct CheckpointSummary {
 }
 
 /// A task's acknowledgement: where its state went and how long it took.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct AckReport {
     pub handle: TaskStateHandle,
     pub timings: SnapshotTimings,
@@ -213,7 +213,7 @@ pub struct AckReport {
     pub write_us: u64,
 }
 
-enum RtEvent {
+pub(crate) enum RtEvent {
     Coord(Event<AckReport>),
     Failed { generation: Generation, task: TaskId, error: String },
 }
@@ -342,6 +342,7 @@ pub(crate) fn restore_latest(
             eprintln!("cutline: starting from savepoint {} (checkpoint {})", path.display(), sp.checkpoint);
             let (mut index, _) = load_checkpoint(&sp.store, graph, &cfg.job_fingerprint, sp.checkpoint)?;
             index.duplicates_allowed = mode == CheckpointMode::AtLeastOnce;
+            index.savepoint = Some(path.clone());
             return Ok((index, Some(sp.checkpoint)));
         }
     }
@@ -421,7 +422,7 @@ pub(crate) fn prepare_start(
 }
 
 /// A request to a running job (see [`JobHandle`]).
-enum Command {
+pub(crate) enum Command {
     Stop,
     SetCheckpointConfig(CheckpointConfig, Sender<Result<(), String>>),
     UpdateCheckpointConfig(ConfigEdit, Sender<Result<CheckpointConfig, String>>),
@@ -476,6 +477,10 @@ fn ended<T>(_: T) -> String {
 }
 
 impl JobControl {
+    pub(crate) fn new(commands: Sender<Command>) -> JobControl {
+        JobControl { commands }
+    }
+
     /// Change the checkpoint settings (interval, timeout, min pause, concurrency, tolerable failures,
     /// mode, unaligned, alignment timeout and byte limit) while the job runs; they apply from the next
     /// checkpoint trigger. Invalid settings are refused with the reason, and the old ones stay.
@@ -553,6 +558,10 @@ impl std::ops::Deref for JobHandle {
 }
 
 impl JobHandle {
+    pub(crate) fn new(control: JobControl, thread: JoinHandle<Result<JobReport, RunError>>) -> JobHandle {
+        JobHandle { control, thread }
+    }
+
     /// A cloneable control for other threads (an admin socket, for example).
     pub fn control(&self) -> JobControl {
         self.control.clone()
@@ -590,6 +599,16 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
 }
 
 fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> Result<JobReport, RunError> {
+    run_on(graph, cfg, commands, &mut LocalBackend::default())
+}
+
+/// Run `graph` with its tasks wherever `backend` puts them (threads here, or worker processes).
+pub(crate) fn run_on(
+    graph: &JobGraph,
+    cfg: RunConfig,
+    commands: &Receiver<Command>,
+    backend: &mut dyn Backend,
+) -> Result<JobReport, RunError> {
     cfg.validate()?;
     // One running job per store: a second process on the same state directory is refused.
     let _lock = cfg.store.lock()?;
@@ -641,23 +660,14 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
             Some(r) => log(&cfg, || format!("{generation}: restoring checkpoint {r}")),
             None => log(&cfg, || format!("{generation}: starting from scratch (no complete checkpoint)")),
         }
-        let opts = DeployOptions {
-            restore: &index,
-            faults: cfg.faults.clone(),
-            incarnation_base: generation.0 << 32,
-            job_id: job_id(&cfg.job_fingerprint),
-            batch_size: cfg.batch_size,
-            channel_capacity: cfg.channel_capacity,
-            max_channel_state_bytes: cfg.max_channel_state_bytes,
-        };
-        let deployed = match catch_unwind(AssertUnwindSafe(|| graph.deploy(&opts))).unwrap_or_else(|p| {
-            Err(TaskError::State { uid: "(deploy)".into(), message: format!("panicked: {}", panic_message(&*p)) })
-        }) {
+        let (ev_tx, ev_rx) = crossbeam_channel::unbounded::<RtEvent>();
+        let deployed = match backend.deploy(graph, &cfg, generation, &index, restored, started, ev_tx) {
             Ok(d) => d,
             // State that cannot be restored into this job will not get better by retrying.
-            Err(e @ TaskError::State { .. }) => return Err(RunError::Deploy(e)),
-            Err(e) => {
-                // A source or sink failed to open or recover: a failure like any other.
+            Err(DeployError::Permanent(e)) => return Err(RunError::Deploy(e)),
+            Err(DeployError::Retry(e)) => {
+                // A source or sink failed to open or recover, a worker was lost: a failure like any other.
+                backend.teardown();
                 let reason = format!("deploying {generation}: {e}");
                 failed_at.get_or_insert_with(Instant::now);
                 let current = coordinator.as_ref().map(|c| c.config().clone()).unwrap_or(cfg.checkpoint.clone());
@@ -674,7 +684,7 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
             &mut coordinator,
             &cfg.checkpoint,
             generation,
-            &deployed,
+            (deployed.tasks.clone(), deployed.sources.clone()),
             (first, lease_end),
             restored,
             now_ms,
@@ -685,17 +695,20 @@ fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> R
             report.recovery_ms.push(at.elapsed().as_millis() as u64);
         }
         let outcome = run_generation(
-            graph,
             &cfg,
             coord,
+            backend,
             deployed,
+            ev_rx,
             generation,
             started,
             &mut stats,
             &mut lease_end,
             commands,
             &mut savepoint,
-        )?;
+        );
+        backend.teardown();
+        let outcome = outcome?;
         match outcome {
             GenerationOutcome::Finished(c) => {
                 report.final_checkpoint = Some(c);
@@ -808,10 +821,11 @@ struct SavepointRequest {
 
 #[allow(clippy::too_many_arguments)]
 fn run_generation(
-    graph: &JobGraph,
     cfg: &RunConfig,
     coord: &mut Coordinator<AckReport>,
-    deployed: Vec<DeployedTask>,
+    backend: &mut dyn Backend,
+    deployed: Deployed,
+    ev_rx: Receiver<RtEvent>,
     generation: Generation,
     started: Instant,
     stats: &mut CheckpointLog,
@@ -819,59 +833,9 @@ fn run_generation(
     commands: &Receiver<Command>,
     savepoint: &mut Option<SavepointRequest>,
 ) -> Result<GenerationOutcome, RunError> {
-    // Whatever way this function is left (outcome, error, panic), the guard stops and joins every
-    // thread. Declared first, it is dropped last: after the channel ends below, so writers see them close.
-    let mut threads = GenerationThreads::default();
     let store = cfg.store.clone();
-    let (ev_tx, ev_rx) = crossbeam_channel::unbounded::<RtEvent>();
-    let (wr_tx, wr_rx) = crossbeam_channel::bounded::<(SnapshotJob, Instant)>(SNAPSHOT_QUEUE_CAPACITY);
-    let metas: Arc<Vec<TaskMeta>> = Arc::new(task_metas(graph, &deployed));
-    // Snapshot writers.
-    for w in 0..cfg.snapshot_writers {
-        let rx = wr_rx.clone();
-        let ev = ev_tx.clone();
-        let store = store.clone();
-        let faults = cfg.faults.clone();
-        threads.writers.push(
-            std::thread::Builder::new()
-                .name(format!("cutline-writer-{w}"))
-                .spawn(move || writer_loop(rx, ev, store, faults))
-                .map_err(RunError::Spawn)?,
-        );
-    }
-    drop(wr_rx);
-    stats.task_names = deployed.iter().map(|d| d.task.name.clone()).collect();
-    // Tasks.
-    let mut source_ids = Vec::new();
-    let mut task_metrics = Vec::new();
-    let mut probes = Vec::new();
-    for d in deployed {
-        let (c_tx, c_rx) = crossbeam_channel::unbounded::<Control>();
-        threads.controls.push(c_tx);
-        threads.wakers.push(d.waker.clone());
-        if d.task.is_source() {
-            source_ids.push(d.task.id);
-        }
-        let env =
-            RtEnv { start: started, generation, writer: wr_tx.clone(), events: ev_tx.clone(), metas: metas.clone() };
-        let name = d.task.name.clone();
-        let task = d.task;
-        let metrics = Arc::new(TaskMetrics::default());
-        task_metrics.push(metrics.clone());
-        probes.push(d.inputs);
-        let waker = d.waker;
-        threads.tasks.push(
-            std::thread::Builder::new()
-                .name(name)
-                .spawn(move || task_thread(task, c_rx, waker, metrics, env))
-                .map_err(RunError::Spawn)?,
-        );
-    }
-    drop(wr_tx);
-    drop(ev_tx);
-
-    let mut plane =
-        ThreadPlane { controls: &threads.controls, wakers: &threads.wakers, sources: &source_ids, started, cfg };
+    stats.task_names = deployed.names.clone();
+    let mut plane = BackendPlane { backend, started, cfg };
     let mut ctx = DriverCtx {
         store: &*store,
         fingerprint: &cfg.job_fingerprint,
@@ -925,12 +889,7 @@ fn run_generation(
                 }
                 Ok(Command::Metrics(reply)) => {
                     let done = &ctx.stats.done;
-                    let tasks = ctx.stats.task_names.iter().zip(&task_metrics).zip(&probes).map(|((name, m), p)| TaskReport {
-                        name: name.clone(),
-                        backpressured_ms: m.backpressured_us.load(Ordering::Relaxed) / 1000,
-                        idle_ms: m.idle_us.load(Ordering::Relaxed) / 1000,
-                        inputs: p.iter().map(|p| p.stats()).collect(),
-                    }).collect();
+                    let tasks = plane.backend.task_reports(&ctx.stats.task_names);
                     let _ = reply.send(JobMetrics {
                         generation,
                         config: coord.config().clone(),
@@ -949,6 +908,9 @@ fn run_generation(
         }
         if Instant::now() >= next_tick {
             next_tick = Instant::now() + tick;
+            if let Some(reason) = plane.backend.check() {
+                break GenerationOutcome::FailedOver(reason);
+            }
             coord.handle(plane.now(), Event::Tick, &mut out);
         }
         if out.is_empty() {
@@ -984,7 +946,6 @@ fn run_generation(
             }));
         }
     }
-    drop(threads); // tear down before the next generation starts
     drop(ev_rx);
     Ok(outcome)
 }
@@ -1051,16 +1012,30 @@ fn answer_savepoint(
 /// (a task blocked sending wakes when its downstream task exits), then tasks and writers are joined;
 /// writers stop once every task (and so every sender of snapshots) is gone.
 #[derive(Default)]
-struct GenerationThreads {
-    controls: Vec<Sender<Control>>,
+pub(crate) struct GenerationThreads {
+    /// Per task: its id, whether it is a source, its control channel.
+    controls: Vec<(TaskId, bool, Sender<Control>)>,
     wakers: Vec<Arc<Waker>>,
     tasks: Vec<JoinHandle<()>>,
     writers: Vec<JoinHandle<()>>,
 }
 
+impl GenerationThreads {
+    /// Deliver `c` to every task, or every source task. A closed channel is a task that already
+    /// stopped; the coordinator learns that separately.
+    pub(crate) fn send_all(&self, c: Control, sources_only: bool) {
+        for ((_, source, tx), w) in self.controls.iter().zip(&self.wakers) {
+            if *source || !sources_only {
+                let _ = tx.send(c.clone());
+                w.ring();
+            }
+        }
+    }
+}
+
 impl Drop for GenerationThreads {
     fn drop(&mut self) {
-        for (c, w) in self.controls.iter().zip(&self.wakers) {
+        for ((_, _, c), w) in self.controls.iter().zip(&self.wakers) {
             let _ = c.send(Control::Cancel);
             w.ring();
         }
@@ -1098,29 +1073,187 @@ fn writer_loop(
     }
 }
 
-/// The threaded runtime's control plane: one unbounded control channel per task.
-struct ThreadPlane<'a> {
-    controls: &'a [Sender<Control>],
-    wakers: &'a [Arc<Waker>],
-    sources: &'a [TaskId],
+/// What the coordinator loop knows of a deployed generation.
+pub(crate) struct Deployed {
+    pub tasks: Vec<TaskId>,
+    pub sources: Vec<TaskId>,
+    /// Task names by task id.
+    pub names: Vec<String>,
+}
+
+/// Why a generation could not be deployed.
+pub(crate) enum DeployError {
+    /// State that does not fit the job: retrying cannot help.
+    Permanent(TaskError),
+    /// A source or sink failed to open, a worker was lost: restart like after any failure.
+    Retry(String),
+}
+
+/// Where the tasks of a generation run: threads of this process ([`LocalBackend`]) or worker
+/// processes (the cluster runtime). The coordinator loop is the same for both.
+pub(crate) trait Backend {
+    /// Start `generation` from `index`; its tasks' events go to `events`.
+    #[allow(clippy::too_many_arguments)]
+    fn deploy(
+        &mut self,
+        graph: &JobGraph,
+        cfg: &RunConfig,
+        generation: Generation,
+        index: &RestoreIndex,
+        restored: Option<CheckpointId>,
+        started: Instant,
+        events: Sender<RtEvent>,
+    ) -> Result<Deployed, DeployError>;
+    /// Deliver `c` to every task of the generation, or to its sources.
+    fn send_all(&mut self, c: Control, sources_only: bool);
+    /// Evaluated every tick: a reason to fail over that no task reports (a lost worker).
+    fn check(&mut self) -> Option<String> {
+        None
+    }
+    /// Flow-control figures per task, for metrics.
+    fn task_reports(&self, names: &[String]) -> Vec<TaskReport>;
+    /// Stop every task of the current generation and wait until they are gone.
+    fn teardown(&mut self);
+}
+
+/// Tasks as threads of this process.
+#[derive(Default)]
+pub(crate) struct LocalBackend {
+    threads: GenerationThreads,
+    sources: Vec<TaskId>,
+    task_metrics: Vec<Arc<TaskMetrics>>,
+    probes: Vec<Vec<crate::channel::ChannelProbe>>,
+}
+
+/// Spawn the snapshot writers and one thread per task of `deployed`, into `threads`. Tasks get
+/// `start` as the origin of their clock.
+pub(crate) fn spawn_tasks(
+    threads: &mut GenerationThreads,
+    graph: &JobGraph,
+    cfg_writers: usize,
+    store: &Arc<dyn CheckpointStore>,
+    faults: &Faults,
+    deployed: Vec<DeployedTask>,
+    generation: Generation,
+    start: Instant,
+    events: Sender<RtEvent>,
+) -> Result<Vec<(Arc<TaskMetrics>, Vec<crate::channel::ChannelProbe>)>, RunError> {
+    let (wr_tx, wr_rx) = crossbeam_channel::bounded::<(SnapshotJob, Instant)>(SNAPSHOT_QUEUE_CAPACITY);
+    let metas: Arc<Vec<TaskMeta>> = Arc::new(task_metas(graph));
+    for w in 0..cfg_writers {
+        let rx = wr_rx.clone();
+        let ev = events.clone();
+        let store = store.clone();
+        let faults = faults.clone();
+        threads.writers.push(
+            std::thread::Builder::new()
+                .name(format!("cutline-writer-{w}"))
+                .spawn(move || writer_loop(rx, ev, store, faults))
+                .map_err(RunError::Spawn)?,
+        );
+    }
+    let mut out = Vec::new();
+    for d in deployed {
+        let (c_tx, c_rx) = crossbeam_channel::unbounded::<Control>();
+        threads.controls.push((d.task.id, d.task.is_source(), c_tx));
+        threads.wakers.push(d.waker.clone());
+        let env = RtEnv { start, generation, writer: wr_tx.clone(), events: events.clone(), metas: metas.clone() };
+        let name = d.task.name.clone();
+        let task = d.task;
+        let metrics = Arc::new(TaskMetrics::default());
+        out.push((metrics.clone(), d.inputs));
+        let waker = d.waker;
+        threads.tasks.push(
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(move || task_thread(task, c_rx, waker, metrics, env))
+                .map_err(RunError::Spawn)?,
+        );
+    }
+    Ok(out)
+}
+
+impl Backend for LocalBackend {
+    fn deploy(
+        &mut self,
+        graph: &JobGraph,
+        cfg: &RunConfig,
+        generation: Generation,
+        index: &RestoreIndex,
+        _restored: Option<CheckpointId>,
+        started: Instant,
+        events: Sender<RtEvent>,
+    ) -> Result<Deployed, DeployError> {
+        let opts = DeployOptions {
+            restore: index,
+            faults: cfg.faults.clone(),
+            incarnation_base: generation.0 << 32,
+            job_id: job_id(&cfg.job_fingerprint),
+            batch_size: cfg.batch_size,
+            channel_capacity: cfg.channel_capacity,
+            max_channel_state_bytes: cfg.max_channel_state_bytes,
+        };
+        let deployed = match catch_unwind(AssertUnwindSafe(|| graph.deploy(&opts))).unwrap_or_else(|p| {
+            Err(TaskError::State { uid: "(deploy)".into(), message: format!("panicked: {}", panic_message(&*p)) })
+        }) {
+            Ok(d) => d,
+            Err(e @ TaskError::State { .. }) => return Err(DeployError::Permanent(e)),
+            Err(e) => return Err(DeployError::Retry(e.to_string())),
+        };
+        let (names, sources) = graph.task_names_and_sources();
+        let tasks = deployed.iter().map(|d| d.task.id).collect();
+        self.sources = sources.clone();
+        let spawned = spawn_tasks(
+            &mut self.threads,
+            graph,
+            cfg.snapshot_writers,
+            &cfg.store,
+            &cfg.faults,
+            deployed,
+            generation,
+            started,
+            events,
+        )
+        .map_err(|e| DeployError::Retry(e.to_string()))?;
+        (self.task_metrics, self.probes) = spawned.into_iter().unzip();
+        Ok(Deployed { tasks, sources, names })
+    }
+
+    fn send_all(&mut self, c: Control, sources_only: bool) {
+        self.threads.send_all(c, sources_only)
+    }
+
+    fn task_reports(&self, names: &[String]) -> Vec<TaskReport> {
+        names
+            .iter()
+            .zip(&self.task_metrics)
+            .zip(&self.probes)
+            .map(|((name, m), p)| TaskReport {
+                name: name.clone(),
+                backpressured_ms: m.backpressured_us.load(Ordering::Relaxed) / 1000,
+                idle_ms: m.idle_us.load(Ordering::Relaxed) / 1000,
+                inputs: p.iter().map(|p| p.stats()).collect(),
+            })
+            .collect()
+    }
+
+    fn teardown(&mut self) {
+        self.threads = GenerationThreads::default();
+        self.task_metrics.clear();
+        self.probes.clear();
+    }
+}
+
+/// The coordinator loop's control plane: decisions go to the backend.
+struct BackendPlane<'a> {
+    backend: &'a mut dyn Backend,
     started: Instant,
     cfg: &'a RunConfig,
 }
 
-impl ControlPlane for ThreadPlane<'_> {
+impl ControlPlane for BackendPlane<'_> {
     fn send_all(&mut self, c: Control, sources_only: bool) {
-        // A closed channel is a task that already stopped; the coordinator learns that separately.
-        if sources_only {
-            for s in self.sources {
-                let _ = self.controls[s.0 as usize].send(c.clone());
-                self.wakers[s.0 as usize].ring();
-            }
-        } else {
-            for (t, w) in self.controls.iter().zip(self.wakers) {
-                let _ = t.send(c.clone());
-                w.ring();
-            }
-        }
+        self.backend.send_all(c, sources_only)
     }
     fn now(&self) -> TimeMs {
         TimeMs(self.started.elapsed().as_millis() as u64)

@@ -456,12 +456,14 @@ impl Sim {
                 Err(e) => return Err(format!("deploy: {e}")),
             };
             drop(index);
-            let metas = task_metas(&self.graph, &deployed);
+            let metas = task_metas(&self.graph);
+            let ids = deployed.iter().map(|d| d.task.id).collect();
+            let sources = deployed.iter().filter(|d| d.task.is_source()).map(|d| d.task.id).collect();
             let coord = coordinator_for(
                 &mut coordinator,
                 &cfg.checkpoint,
                 generation,
-                &deployed,
+                (ids, sources),
                 (start.first, lease_end),
                 restored,
                 self.now,

@@ -160,6 +160,8 @@ pub(crate) struct RestoreIndex {
     pub skipped: Vec<CheckpointId>,
     /// At-least-once mode: a fallback may commit output twice, and that is accepted.
     pub duplicates_allowed: bool,
+    /// Restored from this exported savepoint, not from the job's store.
+    pub savepoint: Option<std::path::PathBuf>,
     pub elements: HashMap<String, Vec<RestoredPart>>,
 }
 

@@ -262,7 +262,7 @@ impl<S: Source> TaskBody for SourceBody<S> {
 }
 
 /// Timings and shape of one snapshot at one task.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct SnapshotTimings {
     pub alignment_ms: u64,
     pub start_delay_ms: u64,

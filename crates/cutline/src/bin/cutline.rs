@@ -5,6 +5,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use cutline::admin::{self, AdminError};
+use cutline::cluster::{ClusterConfig, WorkerConfig};
 use cutline::{CheckpointConfig, CheckpointMode, CheckpointStore, LocalDirStore, RunConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -74,6 +75,34 @@ enum Cmd {
         /// Number of simulated seeds run first (deterministic protocol simulation).
         #[arg(long, default_value_t = 200)]
         sim_seeds: u64,
+    },
+    /// Join a cluster as a worker: run the tasks its coordinator places here, until the job is over.
+    Worker {
+        /// The coordinator's address (its --coordinator).
+        #[arg(long, value_name = "HOST:PORT")]
+        join: String,
+        /// The cluster's secret (see `cutline run wordcount --secret-file`).
+        #[arg(long, env = "CUTLINE_SECRET_FILE")]
+        secret_file: Option<PathBuf>,
+        /// Where other workers reach this one's data plane.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        /// The host (or host:port) other workers use to reach this one, when --listen is 0.0.0.0.
+        #[arg(long)]
+        advertise: Option<String>,
+        /// How long to keep trying to reach a coordinator that is gone before exiting.
+        #[arg(long, default_value = "60s")]
+        rejoin_timeout: String,
+    },
+    /// Start a coordinator and N workers on this machine (a local cluster) for a job, and restart any
+    /// of them that dies until the job is over.
+    Cluster {
+        /// Worker processes.
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        /// The job and its options, as for `cutline run` (e.g. `wordcount --input ... --state ...`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        job: Vec<String>,
     },
     /// The keyed COUNT+SUM benchmark.
     Bench {
@@ -152,6 +181,83 @@ struct WordcountArgs {
     /// Print a line per checkpoint and failure.
     #[arg(long, short)]
     verbose: bool,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+}
+
+/// Run the job as the coordinator of worker processes (see `cutline worker`).
+#[derive(Args, Clone)]
+struct ClusterArgs {
+    /// Be the coordinator of a cluster: listen for workers on this address (e.g. 0.0.0.0:7070) and
+    /// run the tasks on them, none in this process.
+    #[arg(long, value_name = "ADDR")]
+    coordinator: Option<String>,
+    /// Workers a generation runs on when all are there (with --coordinator).
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// After a worker is lost, run on this many if no replacement joins within --replacement-wait.
+    #[arg(long, default_value_t = 1)]
+    min_workers: usize,
+    /// How long a restart waits for lost workers to be replaced.
+    #[arg(long, default_value = "5s")]
+    replacement_wait: String,
+    /// File holding the cluster's shared secret (at least 16 bytes; make one with
+    /// `head -c 32 /dev/urandom | base64 > cluster.secret`). Default: $CUTLINE_SECRET_FILE.
+    #[arg(long, env = "CUTLINE_SECRET_FILE")]
+    secret_file: Option<PathBuf>,
+    /// Interval of heartbeats between coordinator and workers, both ways.
+    #[arg(long, default_value = "200ms")]
+    heartbeat_interval: String,
+    /// A peer silent this long is lost.
+    #[arg(long, default_value = "3s")]
+    heartbeat_timeout: String,
+}
+
+fn read_secret(path: Option<&Path>) -> Result<Vec<u8>> {
+    let Some(path) = path else {
+        bail!("a cluster needs a shared secret: pass --secret-file FILE (make one with `head -c 32 /dev/urandom | base64 > cluster.secret`) or set CUTLINE_SECRET_FILE");
+    };
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read the secret file {}", path.display()))?;
+    let end = bytes.iter().rposition(|b| !b.is_ascii_whitespace()).map(|i| i + 1).unwrap_or(0);
+    Ok(bytes[..end].to_vec())
+}
+
+fn ms_flag(name: &str, v: &str) -> Result<u64> {
+    admin::parse_duration_ms(v).map_err(|e| anyhow::anyhow!("--{name}: bad duration {v:?}: {e}"))
+}
+
+/// The job part of a `cutline run wordcount` command line, as workers rebuild it.
+#[derive(Parser)]
+#[command(name = "job", no_binary_name = true)]
+enum JobSpec {
+    Wordcount {
+        #[arg(long)]
+        input: PathBuf,
+        #[arg(long)]
+        output: PathBuf,
+        #[arg(long)]
+        parallelism: u32,
+        #[arg(long)]
+        line_delay_us: u64,
+    },
+}
+
+/// Build the job a coordinator names (on a worker): the graph and its fingerprint.
+fn build_job(args: &[String]) -> std::result::Result<(cutline::JobGraph, String), String> {
+    let spec = JobSpec::try_parse_from(args).map_err(|e| e.to_string())?;
+    let JobSpec::Wordcount { input, output, parallelism, line_delay_us } = spec;
+    let fingerprint = format!("wordcount input={} output={}", input.display(), output.display());
+    let graph =
+        cutline::jobs::wordcount_paced(&input, parallelism, cutline::jobs::wordcount_file_sink(&output), line_delay_us)
+            .build()
+            .map_err(|e| e.to_string())?;
+    Ok((graph, fingerprint))
+}
+
+fn open_store(state: &str) -> std::result::Result<Arc<dyn CheckpointStore>, String> {
+    LocalDirStore::open(Path::new(state))
+        .map(|s| Arc::new(s) as Arc<dyn CheckpointStore>)
+        .map_err(|e| format!("cannot open state directory {state}: {e}"))
 }
 
 /// Checkpoint settings beyond interval and mode, for the jobs `cutline` runs.
@@ -278,6 +384,10 @@ fn main() {
         Cmd::Savepoint { state, to, stop } => savepoint(&state, to.as_deref(), stop),
         Cmd::Status { state } => status(&state),
         Cmd::Drill { seed, runs, sim_seeds } => drill(seed, runs, sim_seeds),
+        Cmd::Worker { join, secret_file, listen, advertise, rejoin_timeout } => {
+            worker(join, secret_file.as_deref(), listen, advertise, &rejoin_timeout)
+        }
+        Cmd::Cluster { workers, job } => launch_cluster(workers, &job),
         Cmd::Bench { events, keys, parallelism, checkpoint_interval, max_concurrent } => {
             bench(events, keys, parallelism, &checkpoint_interval, max_concurrent)
         }
@@ -445,7 +555,33 @@ fn run_wordcount(a: &WordcountArgs) -> Result<()> {
         );
     }
     let socket = a.state.join(admin::SOCKET_FILE);
-    let handle = cutline::spawn(graph, cfg);
+    let handle = match &a.cluster.coordinator {
+        None => cutline::spawn(graph, cfg),
+        Some(listen) => {
+            let c = &a.cluster;
+            let input = std::fs::canonicalize(&a.input)?;
+            let output = std::path::absolute(&a.output)?;
+            let job_args = ["wordcount", "--input", &input.display().to_string(), "--output"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain([
+                    output.display().to_string(),
+                    "--parallelism".into(),
+                    a.parallelism.to_string(),
+                    "--line-delay-us".into(),
+                    a.line_delay_us.to_string(),
+                ])
+                .collect();
+            let state = std::path::absolute(&a.state)?.display().to_string();
+            let mut cluster =
+                ClusterConfig::new(listen, c.workers, read_secret(c.secret_file.as_deref())?, job_args, state);
+            cluster.min_workers = c.min_workers;
+            cluster.replacement_wait_ms = ms_flag("replacement-wait", &c.replacement_wait)?;
+            cluster.heartbeat_interval_ms = ms_flag("heartbeat-interval", &c.heartbeat_interval)?;
+            cluster.heartbeat_timeout_ms = ms_flag("heartbeat-timeout", &c.heartbeat_timeout)?;
+            cutline::cluster::spawn_cluster(graph, cfg, cluster)?
+        }
+    };
     // Serve the admin socket only once the job answers: it then holds the state directory's lock, so
     // a second run on the same directory is refused by the lock and never touches this run's socket.
     // If the job ended already (refused, failed or finished), `join` says how.
@@ -503,6 +639,118 @@ fn run_wordcount(a: &WordcountArgs) -> Result<()> {
         println!("stopped: {counts}; run the same command again to resume from the latest checkpoint");
     } else {
         println!("finished: final checkpoint {}, {counts}", report.final_checkpoint.map(|c| c.0).unwrap_or(0));
+    }
+    Ok(())
+}
+
+fn worker(
+    join: String,
+    secret_file: Option<&Path>,
+    listen: String,
+    advertise: Option<String>,
+    rejoin_timeout: &str,
+) -> Result<()> {
+    let mut cfg = WorkerConfig::new(join, read_secret(secret_file)?);
+    cfg.listen = listen;
+    cfg.advertise = advertise;
+    cfg.rejoin_timeout_ms = ms_flag("rejoin-timeout", rejoin_timeout)?;
+    cutline::cluster::run_worker(cfg, &build_job, &open_store).map_err(anyhow::Error::msg)
+}
+
+/// A local cluster: the coordinator and `workers` worker processes of this binary, each restarted
+/// when it dies before the job is over.
+fn launch_cluster(workers: usize, job: &[String]) -> Result<()> {
+    use std::process::{Child, Command};
+    if workers == 0 {
+        bail!("--workers must be at least 1");
+    }
+    let state = job
+        .iter()
+        .position(|a| a == "--state")
+        .and_then(|i| job.get(i + 1))
+        .context("the job needs --state DIR (the coordinator's state directory)")?;
+    std::fs::create_dir_all(state).with_context(|| format!("cannot create state directory {state}"))?;
+    let secret = match job.iter().position(|a| a == "--secret-file").and_then(|i| job.get(i + 1)) {
+        Some(s) => PathBuf::from(s),
+        None => {
+            // A secret of this cluster only, readable by this user only.
+            let path = Path::new(state).join("cluster.secret");
+            if !path.exists() {
+                use std::io::Read;
+                use std::os::unix::fs::OpenOptionsExt;
+                let mut bytes = [0u8; 32];
+                std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+                let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+                let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+                std::io::Write::write_all(&mut f, hex.as_bytes())?;
+            }
+            path
+        }
+    };
+    let addr = match job.iter().position(|a| a == "--coordinator").and_then(|i| job.get(i + 1)) {
+        Some(a) => a.clone(),
+        None => {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            l.local_addr()?.to_string()
+        }
+    };
+    let exe = std::env::current_exe()?;
+    let mut coord_args: Vec<String> = vec!["run".into()];
+    coord_args.extend(job.iter().cloned());
+    if !job.iter().any(|a| a == "--coordinator") {
+        coord_args.extend(["--coordinator".into(), addr.clone()]);
+    }
+    if !job.iter().any(|a| a == "--workers") {
+        coord_args.extend(["--workers".into(), workers.to_string()]);
+    }
+    let secret_s = secret.display().to_string();
+    if !job.iter().any(|a| a == "--secret-file") {
+        coord_args.extend(["--secret-file".into(), secret_s.clone()]);
+    }
+    let start_coord = || Command::new(&exe).args(&coord_args).spawn().context("cannot start the coordinator");
+    let start_worker = || {
+        Command::new(&exe)
+            .args(["worker", "--join", &addr, "--secret-file", &secret_s])
+            .spawn()
+            .context("cannot start a worker")
+    };
+    eprintln!("cutline: local cluster: coordinator on {addr}, {workers} worker(s), secret in {secret_s}");
+    let mut coord: Child = start_coord()?;
+    let mut ws: Vec<Child> = (0..workers).map(|_| start_worker()).collect::<Result<_>>()?;
+    let status = loop {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        if let Some(st) = coord.try_wait()? {
+            use std::os::unix::process::ExitStatusExt;
+            if st.signal().is_some() {
+                eprintln!("cutline: the coordinator died ({st}); restarting it");
+                coord = start_coord()?;
+                continue;
+            }
+            break st;
+        }
+        for w in ws.iter_mut() {
+            match w.try_wait()? {
+                // Told by the coordinator that the job is over.
+                Some(st) if st.success() => {}
+                Some(st) => {
+                    eprintln!("cutline: a worker exited ({st}); starting a replacement");
+                    *w = start_worker()?;
+                }
+                None => {}
+            }
+        }
+    };
+    // The coordinator told its workers the job is over; give them a moment, then make sure.
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    for w in ws.iter_mut() {
+        while w.try_wait()?.is_none() && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    if !status.success() {
+        bail!("the coordinator failed ({status})");
     }
     Ok(())
 }

@@ -1,0 +1,400 @@
+//! The data plane between worker processes: type-erased ends of the channels whose two tasks run in
+//! different processes ([`OutPump`], [`InPump`]), and the TCP links that carry them with credit-based
+//! flow control.
+//!
+//! A channel that crosses processes is still an in-process [`channel`](crate::channel) on each side:
+//! the upstream task pushes into a local channel that the outbound link drains, and the inbound link
+//! pushes into a local channel that the downstream task reads. Between them, one TCP connection per
+//! (sending worker, receiving worker, generation) multiplexes every crossing channel, in per-channel
+//! FIFO order. The receiver grants credit per channel: the sender has at most `capacity` data batches
+//! of a channel on the wire or queued at the receiver, so memory stays bounded on both sides.
+//! Barriers and end-of-stream never need credit, so they always move, however backpressured the data.
+//!
+//! It does not decide anything about checkpoints; barriers are forwarded in order, never overtaking
+//! data on the wire (an unaligned barrier overtakes only what is queued at the receiver).
+
+use crate::channel::{Rx, Taken, Tx, Waker};
+use crate::message::Message;
+use crate::net::wire::{self, WireError};
+use cutline_core::barrier::Barrier;
+use std::io::{BufReader, BufWriter, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Frame kinds of data links.
+const KIND_DATA: u8 = 1;
+const KIND_BARRIER: u8 = 2;
+const KIND_END: u8 = 3;
+const KIND_CREDIT: u8 = 4;
+
+/// Longest sleep of a link thread with nothing to do (rings wake it earlier; this bounds a lost ring).
+const LINK_IDLE_WAIT_MS: u64 = 10;
+/// Socket buffer between a link thread and the kernel.
+const LINK_BUFFER_BYTES: usize = 256 << 10;
+
+/// Identifies one channel of the job: edge index, upstream subtask, downstream subtask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct ChannelKey {
+    pub edge: u32,
+    pub up: u32,
+    pub down: u32,
+}
+
+/// What an outbound pump gave.
+pub(crate) enum Out {
+    Empty,
+    /// A data batch, encoded into the caller's buffer.
+    Data,
+    Barrier(Barrier),
+    End,
+    /// The upstream task is gone without end-of-stream (it failed or was cancelled).
+    Gone,
+}
+
+/// The sending side's end of a crossing channel: the consumer of the local channel.
+pub(crate) trait OutPump: Send {
+    /// Take the next message: a data batch only if `credit`, encoded into `buf` (cleared first).
+    fn poll(&mut self, credit: bool, buf: &mut Vec<u8>) -> Out;
+}
+
+/// The receiving side's end of a crossing channel: the producer of the local channel.
+pub(crate) trait InPump: Send {
+    /// Decode a batch and queue it. Errors: the bytes do not decode (a malformed frame), or the
+    /// downstream task is gone.
+    fn push_data(&mut self, bytes: &[u8]) -> Result<(), String>;
+    fn push(&mut self, marker: Marker) -> Result<(), String>;
+    /// Data batches queued locally, not yet taken by the downstream task.
+    fn queued_batches(&self) -> usize;
+}
+
+/// A control marker on a data channel.
+pub(crate) enum Marker {
+    Barrier(Barrier),
+    End,
+}
+
+struct OutEnd<T>(Rx<T>);
+struct InEnd<T>(Tx<T>);
+
+impl<T: crate::api::Data> OutPump for OutEnd<T> {
+    fn poll(&mut self, credit: bool, buf: &mut Vec<u8>) -> Out {
+        let never = |_: &Barrier| false;
+        let unused = |_: &Vec<T>| Vec::new();
+        match self.0.poll(&never, &unused, credit) {
+            Taken::Empty => Out::Empty,
+            Taken::Msg(Message::Data(batch)) => {
+                buf.clear();
+                let bytes = postcard::to_extend(&batch, std::mem::take(buf)).expect("a record that serialises");
+                *buf = bytes;
+                Out::Data
+            }
+            Taken::Msg(Message::Barrier(b)) => Out::Barrier(b),
+            Taken::Msg(Message::End) => Out::End,
+            Taken::Overtook { .. } => unreachable!("the pump never lets a barrier overtake"),
+            Taken::Disconnected => Out::Gone,
+        }
+    }
+}
+
+impl<T: crate::api::Data> InPump for InEnd<T> {
+    fn push_data(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let batch: Vec<T> = postcard::from_bytes(bytes).map_err(|e| format!("a data batch does not decode: {e}"))?;
+        if batch.is_empty() {
+            return Err("an empty data batch".into());
+        }
+        self.0.push(Message::Data(batch)).map_err(|_| "the downstream task is gone".to_string())
+    }
+    fn push(&mut self, marker: Marker) -> Result<(), String> {
+        let m = match marker {
+            Marker::Barrier(b) => Message::Barrier(b),
+            Marker::End => Message::End,
+        };
+        self.0.push(m).map_err(|_| "the downstream task is gone".to_string())
+    }
+    fn queued_batches(&self) -> usize {
+        self.0.queued_batches()
+    }
+}
+
+pub(crate) fn out_pump<T: crate::api::Data>(rx: Rx<T>) -> Box<dyn OutPump> {
+    Box::new(OutEnd(rx))
+}
+
+pub(crate) fn in_pump<T: crate::api::Data>(tx: Tx<T>) -> Box<dyn InPump> {
+    Box::new(InEnd(tx))
+}
+
+/// Why a link stopped on its own (not because it was closed); its threads stop when it is set.
+pub(crate) type LinkFailure = Arc<std::sync::Mutex<Option<String>>>;
+
+/// The threads of one link direction. Dropping it closes the connection and joins them.
+pub(crate) struct Link {
+    stream: TcpStream,
+    closing: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    waker: Arc<Waker>,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.closing.store(true, Ordering::SeqCst);
+        let _ = self.stream.shutdown(Shutdown::Both);
+        self.waker.ring();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn fail(failure: &LinkFailure, closing: &AtomicBool, what: String) {
+    if !closing.load(Ordering::SeqCst) {
+        eprintln!("cutline: {what}");
+        failure.lock().expect("link failure").get_or_insert(what);
+    }
+}
+
+fn header(ch: u32, rest: &[u8], buf: &mut Vec<u8>) {
+    buf.clear();
+    buf.extend_from_slice(&ch.to_be_bytes());
+    buf.extend_from_slice(rest);
+}
+
+/// Drive the sending side of a link: `pumps[i]` is channel `i` of this connection. `waker` is rung
+/// when an upstream task pushes into one of the channels (it is the wake-up of the remote tasks).
+pub(crate) fn start_sender(
+    stream: TcpStream,
+    name: String,
+    pumps: Vec<Box<dyn OutPump>>,
+    capacity: usize,
+    waker: Arc<Waker>,
+    max_frame_bytes: u32,
+) -> std::io::Result<Link> {
+    stream.set_nodelay(true)?;
+    let closing = Arc::new(AtomicBool::new(false));
+    let failure: LinkFailure = Default::default();
+    let credits: Arc<Vec<AtomicI64>> = Arc::new((0..pumps.len()).map(|_| AtomicI64::new(capacity as i64)).collect());
+    let mut threads = Vec::new();
+    // Credit reader.
+    {
+        let (closing, failure, credits, waker) = (closing.clone(), failure.clone(), credits.clone(), waker.clone());
+        let mut r = BufReader::new(stream.try_clone()?);
+        let name = name.clone();
+        threads.push(std::thread::Builder::new().name("cutline-link-credit".into()).spawn(move || {
+            let mut payload = Vec::new();
+            loop {
+                match wire::read_frame(&mut r, max_frame_bytes, &mut payload) {
+                    Ok(KIND_CREDIT) if payload.len() == 8 => {
+                        let ch = u32::from_be_bytes(payload[0..4].try_into().expect("4 bytes")) as usize;
+                        let n = u32::from_be_bytes(payload[4..8].try_into().expect("4 bytes")) as i64;
+                        let Some(c) = credits.get(ch) else {
+                            return fail(
+                                &failure,
+                                &closing,
+                                format!("{name}: credit for unknown channel {ch}; link closed"),
+                            );
+                        };
+                        // More than the capacity outstanding would mean the receiver lost count.
+                        if c.fetch_add(n, Ordering::SeqCst) + n > capacity as i64 {
+                            return fail(
+                                &failure,
+                                &closing,
+                                format!(
+                                    "{name}: the receiver granted more credit than the channel capacity; link closed"
+                                ),
+                            );
+                        }
+                        waker.ring();
+                    }
+                    Ok(kind) => {
+                        return fail(
+                            &failure,
+                            &closing,
+                            format!("{name}: unexpected frame kind {kind} from the receiver; link closed"),
+                        )
+                    }
+                    Err(e) => {
+                        waker.ring();
+                        return fail(&failure, &closing, format!("{name}: {e}"));
+                    }
+                }
+            }
+        })?);
+    }
+    // Sender.
+    {
+        let (closing, failure, waker) = (closing.clone(), failure.clone(), waker.clone());
+        let mut w = BufWriter::with_capacity(LINK_BUFFER_BYTES, stream.try_clone()?);
+        let mut pumps = pumps;
+        threads.push(std::thread::Builder::new().name("cutline-link-send".into()).spawn(move || {
+            let (mut body, mut frame, mut msg) = (Vec::new(), Vec::new(), Vec::new());
+            let mut done = vec![false; pumps.len()];
+            loop {
+                if closing.load(Ordering::SeqCst) || failure.lock().expect("link failure").is_some() {
+                    return;
+                }
+                let seen = waker.rings();
+                let mut progressed = false;
+                for (i, p) in pumps.iter_mut().enumerate() {
+                    if done[i] {
+                        continue;
+                    }
+                    loop {
+                        let credit = credits[i].load(Ordering::SeqCst) > 0;
+                        let r = match p.poll(credit, &mut body) {
+                            Out::Empty => break,
+                            Out::Gone => {
+                                done[i] = true;
+                                break;
+                            }
+                            Out::Data => {
+                                credits[i].fetch_sub(1, Ordering::SeqCst);
+                                header(i as u32, &body, &mut msg);
+                                wire::write_frame_buf(&mut w, KIND_DATA, &msg, &mut frame)
+                            }
+                            Out::Barrier(b) => {
+                                let bytes = postcard::to_allocvec(&b).expect("a barrier serialises");
+                                header(i as u32, &bytes, &mut msg);
+                                wire::write_frame_buf(&mut w, KIND_BARRIER, &msg, &mut frame)
+                            }
+                            Out::End => {
+                                done[i] = true;
+                                header(i as u32, &[], &mut msg);
+                                wire::write_frame_buf(&mut w, KIND_END, &msg, &mut frame)
+                            }
+                        };
+                        progressed = true;
+                        if let Err(e) = r {
+                            return fail(&failure, &closing, format!("{name}: sending failed: {e}"));
+                        }
+                        if done[i] {
+                            break;
+                        }
+                    }
+                }
+                if let Err(e) = w.flush() {
+                    return fail(&failure, &closing, format!("{name}: sending failed: {e}"));
+                }
+                if !progressed {
+                    waker.sleep(seen, Duration::from_millis(LINK_IDLE_WAIT_MS));
+                }
+            }
+        })?);
+    }
+    Ok(Link { stream, closing, threads, waker })
+}
+
+/// Drive the receiving side of a link: `pumps[i]` is channel `i` of this connection. `waker` is rung
+/// when a downstream task frees room in one of the channels (it is the wake-up of the remote tasks).
+pub(crate) fn start_receiver(
+    stream: TcpStream,
+    name: String,
+    pumps: Vec<Box<dyn InPump>>,
+    capacity: usize,
+    waker: Arc<Waker>,
+    max_frame_bytes: u32,
+) -> std::io::Result<Link> {
+    stream.set_nodelay(true)?;
+    let closing = Arc::new(AtomicBool::new(false));
+    let failure: LinkFailure = Default::default();
+    // Credit the sender holds, per channel (it starts with the whole capacity).
+    let granted: Arc<Vec<AtomicI64>> = Arc::new((0..pumps.len()).map(|_| AtomicI64::new(capacity as i64)).collect());
+    let pumps = Arc::new(std::sync::Mutex::new(pumps));
+    let mut threads = Vec::new();
+    // Reader: frames into the local channels.
+    {
+        let (closing, failure, granted, pumps, waker) =
+            (closing.clone(), failure.clone(), granted.clone(), pumps.clone(), waker.clone());
+        let mut r = BufReader::with_capacity(LINK_BUFFER_BYTES, stream.try_clone()?);
+        let name = name.clone();
+        threads.push(std::thread::Builder::new().name("cutline-link-recv".into()).spawn(move || {
+            let mut payload = Vec::new();
+            let mut ended = 0;
+            let why = loop {
+                let kind = match wire::read_frame(&mut r, max_frame_bytes, &mut payload) {
+                    Ok(k) => k,
+                    Err(WireError::Closed) if closing.load(Ordering::SeqCst) => break None,
+                    // Every channel ended: the sender is done, and closing is how it says goodbye.
+                    Err(WireError::Closed) if ended == pumps.lock().expect("pumps").len() => break None,
+                    Err(e) => break Some(format!("{name}: {e}; link closed")),
+                };
+                if payload.len() < 4 {
+                    break Some(format!("{name}: a frame without a channel number; link closed"));
+                }
+                let ch = u32::from_be_bytes(payload[0..4].try_into().expect("4 bytes")) as usize;
+                let body = &payload[4..];
+                let mut pumps = pumps.lock().expect("pumps");
+                let Some(p) = pumps.get_mut(ch) else {
+                    break Some(format!("{name}: a frame for unknown channel {ch}; link closed"));
+                };
+                let r = match kind {
+                    KIND_DATA => {
+                        if granted[ch].fetch_sub(1, Ordering::SeqCst) <= 0 {
+                            Err("the sender sent data without credit".to_string())
+                        } else {
+                            p.push_data(body)
+                        }
+                    }
+                    KIND_BARRIER => match postcard::from_bytes::<Barrier>(body) {
+                        Ok(b) => p.push(Marker::Barrier(b)),
+                        Err(e) => Err(format!("a barrier does not decode: {e}")),
+                    },
+                    KIND_END => {
+                        ended += 1;
+                        p.push(Marker::End)
+                    }
+                    k => Err(format!("unexpected frame kind {k}")),
+                };
+                if let Err(e) = r {
+                    break Some(format!("{name}: channel {ch}: {e}; link closed"));
+                }
+            };
+            if let Some(why) = why {
+                fail(&failure, &closing, why);
+            }
+            // The downstream tasks see their producers gone: a failed link fails them, and the job
+            // restores (a closed one is part of a teardown anyway).
+            pumps.lock().expect("pumps").clear();
+            waker.ring();
+        })?);
+    }
+    // Credit writer: grant what the downstream tasks freed, in bursts of at least half the capacity.
+    {
+        let (closing, failure, waker) = (closing.clone(), failure.clone(), waker.clone());
+        let mut w = BufWriter::new(stream.try_clone()?);
+        threads.push(std::thread::Builder::new().name("cutline-link-grant".into()).spawn(move || {
+            let mut frame = Vec::new();
+            let burst = (capacity as i64 / 2).max(1);
+            loop {
+                if closing.load(Ordering::SeqCst) || failure.lock().expect("link failure").is_some() {
+                    return;
+                }
+                let seen = waker.rings();
+                let queued: Vec<i64> = pumps.lock().expect("pumps").iter().map(|p| p.queued_batches() as i64).collect();
+                let mut sent = false;
+                for (ch, q) in queued.into_iter().enumerate() {
+                    let free = capacity as i64 - q - granted[ch].load(Ordering::SeqCst);
+                    if free >= burst {
+                        granted[ch].fetch_add(free, Ordering::SeqCst);
+                        let mut msg = (ch as u32).to_be_bytes().to_vec();
+                        msg.extend_from_slice(&(free as u32).to_be_bytes());
+                        if let Err(e) = wire::write_frame_buf(&mut w, KIND_CREDIT, &msg, &mut frame) {
+                            return fail(&failure, &closing, format!("{name}: granting credit failed: {e}"));
+                        }
+                        sent = true;
+                    }
+                }
+                if sent {
+                    if let Err(e) = w.flush() {
+                        return fail(&failure, &closing, format!("{name}: granting credit failed: {e}"));
+                    }
+                } else {
+                    waker.sleep(seen, Duration::from_millis(LINK_IDLE_WAIT_MS));
+                }
+            }
+        })?);
+    }
+    Ok(Link { stream, closing, threads, waker })
+}

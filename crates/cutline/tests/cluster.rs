@@ -1,0 +1,387 @@
+//! Multi-process scenarios of the `cutline` binary: a coordinator and worker processes on loopback.
+//!
+//! - A local cluster (`cutline cluster`) counts words exactly.
+//! - Chaos: a three-worker job whose workers and coordinator are SIGKILLed many times, at seeded
+//!   random moments, and restarted; the committed output must equal that of a run without failures.
+//! - A hung worker (SIGSTOP) is detected by its missing heartbeats and the job restarts on the live
+//!   workers; when it resumes, it finds its coordinator gone and joins again.
+//! - Peers that do not hold the cluster secret, and bytes that are not cutline frames, are refused
+//!   with a log line and do not disturb the job.
+//!
+//! Every loop is bounded in time. The seed is in every failure message; to try another one:
+//! `CUTLINE_CHAOS_SEED=7 cargo test --release -p cutline --test cluster`. A failing scenario keeps its
+//! scratch directory (with every process's log) and prints where it is.
+
+#![cfg(unix)]
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cutline");
+const SECRET: &str = "cluster-test-secret-0123456789abcdef";
+/// Hard bound on one scenario.
+const SCENARIO_TIME_LIMIT: Duration = Duration::from_secs(150);
+
+struct XorShift(u64);
+impl XorShift {
+    fn new(seed: u64) -> XorShift {
+        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("CUTLINE_CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(42)
+}
+
+/// A scratch directory with an input text, kept (and printed) if the scenario fails.
+struct Scratch {
+    dir: PathBuf,
+    text: String,
+    keep: bool,
+}
+
+impl Scratch {
+    fn new(name: &str, seed: u64, lines: usize, vocabulary: u64) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("cutline-cluster-{name}-{}-{seed}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut rng = XorShift::new(seed);
+        let mut text = String::new();
+        for _ in 0..lines {
+            for k in 0..8 {
+                if k > 0 {
+                    text.push(' ');
+                }
+                text.push_str(&format!("w{}", rng.range(0, vocabulary - 1)));
+            }
+            text.push('\n');
+        }
+        std::fs::write(dir.join("input.txt"), &text).unwrap();
+        std::fs::write(dir.join("secret"), SECRET).unwrap();
+        Scratch { dir, text, keep: true }
+    }
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.join(p)
+    }
+    fn log(&self, name: &str) -> Stdio {
+        Stdio::from(File::options().create(true).append(true).open(self.dir.join(format!("{name}.log"))).unwrap())
+    }
+    fn check_output(&mut self, what: &str) {
+        let problems = cutline::jobs::check_wordcount_output(&self.text, &self.path("out")).unwrap();
+        assert!(
+            problems.is_empty(),
+            "{what}: output differs from a failure-free run: {problems:#?}; logs in {}",
+            self.dir.display()
+        );
+        self.keep = false;
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if self.keep {
+            eprintln!("scenario scratch kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn free_port() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+struct Cluster<'a> {
+    s: &'a Scratch,
+    addr: String,
+    coordinator_args: Vec<String>,
+    coordinator: Child,
+    workers: Vec<Child>,
+}
+
+impl<'a> Cluster<'a> {
+    fn start(s: &'a Scratch, workers: usize, extra: &[&str]) -> Cluster<'a> {
+        let addr = free_port();
+        let mut coordinator_args: Vec<String> = [
+            "run",
+            "wordcount",
+            "--input",
+            s.path("input.txt").to_str().unwrap(),
+            "--output",
+            s.path("out").to_str().unwrap(),
+            "--state",
+            s.path("state").to_str().unwrap(),
+            "--coordinator",
+            &addr,
+            "--workers",
+            &workers.to_string(),
+            "--secret-file",
+            s.path("secret").to_str().unwrap(),
+            "--heartbeat-interval",
+            "50ms",
+            "--heartbeat-timeout",
+            "1s",
+            "-v",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        coordinator_args.extend(extra.iter().map(|a| a.to_string()));
+        let coordinator = Command::new(BIN)
+            .args(&coordinator_args)
+            .stdout(s.log("coordinator"))
+            .stderr(s.log("coordinator"))
+            .spawn()
+            .unwrap();
+        let mut c = Cluster { s, addr, coordinator_args, coordinator, workers: Vec::new() };
+        for i in 0..workers {
+            let w = c.start_worker(i);
+            c.workers.push(w);
+        }
+        c
+    }
+    fn start_worker(&self, i: usize) -> Child {
+        Command::new(BIN)
+            .args(["worker", "--join", &self.addr, "--secret-file", self.s.path("secret").to_str().unwrap()])
+            .args(["--rejoin-timeout", "30s"])
+            .stdout(self.s.log(&format!("worker-{i}")))
+            .stderr(self.s.log(&format!("worker-{i}")))
+            .spawn()
+            .unwrap()
+    }
+    fn restart_coordinator(&mut self) {
+        self.coordinator = Command::new(BIN)
+            .args(&self.coordinator_args)
+            .stdout(self.s.log("coordinator"))
+            .stderr(self.s.log("coordinator"))
+            .spawn()
+            .unwrap();
+    }
+    /// Wait for the coordinator to exit by itself; the job's verdict.
+    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(st) = self.coordinator.try_wait().unwrap() {
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the job did not finish within {limit:?}; logs in {}",
+                self.s.dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Cluster<'_> {
+    fn drop(&mut self) {
+        let _ = self.coordinator.kill();
+        let _ = self.coordinator.wait();
+        for w in &mut self.workers {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let st = Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap();
+    assert!(st.success(), "kill {sig} failed");
+}
+
+fn log_text(s: &Scratch, name: &str) -> String {
+    std::fs::read_to_string(s.path(&format!("{name}.log"))).unwrap_or_default()
+}
+
+#[test]
+fn a_local_cluster_of_two_workers_counts_words_exactly() {
+    let mut s = Scratch::new("local", seed(), 20_000, 300);
+    let out = Command::new(BIN)
+        .args(["cluster", "--workers", "2", "wordcount", "--input"])
+        .arg(s.path("input.txt"))
+        .arg("--output")
+        .arg(s.path("out"))
+        .arg("--state")
+        .arg(s.path("state"))
+        .args(["--parallelism", "3", "--checkpoint-interval", "50ms"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "cutline cluster failed: {stdout} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("finished: final checkpoint"), "{stdout}");
+    // The launcher made a secret readable by its user only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(s.path("state/cluster.secret")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "the generated secret is private");
+    s.check_output("local cluster");
+}
+
+#[test]
+fn chaos_sigkill_workers_and_the_coordinator_many_times_and_the_output_is_exact() {
+    let seed = seed();
+    let started = Instant::now();
+    let mut s = Scratch::new("chaos", seed, 40_000, 500);
+    let mut rng = XorShift::new(seed ^ 0xC4A05);
+    {
+        // Paced (250 us per line: about 3.3 s of work per subtask) so that the kills land mid-run.
+        let mut c = Cluster::start(
+            &s,
+            3,
+            &[
+                "--parallelism",
+                "3",
+                "--checkpoint-interval",
+                "30ms",
+                "--line-delay-us",
+                "250",
+                "--replacement-wait",
+                "3s",
+            ],
+        );
+        let rounds = 12;
+        let mut killed = Vec::new();
+        for round in 0..rounds {
+            std::thread::sleep(Duration::from_millis(rng.range(150, 700)));
+            if c.coordinator.try_wait().unwrap().is_some() {
+                break; // finished early
+            }
+            let victim = rng.range(0, 3);
+            if victim == 3 {
+                signal(&c.coordinator, "-KILL");
+                c.coordinator.wait().unwrap();
+                killed.push(format!("round {round}: coordinator"));
+                c.restart_coordinator();
+            } else {
+                let i = victim as usize;
+                signal(&c.workers[i], "-KILL");
+                c.workers[i].wait().unwrap();
+                killed.push(format!("round {round}: worker {i}"));
+                c.workers[i] = c.start_worker(i);
+            }
+        }
+        let st = c.wait(SCENARIO_TIME_LIMIT.saturating_sub(started.elapsed()));
+        assert!(
+            st.success(),
+            "seed {seed}: the coordinator failed ({st}) after kills {killed:?}; logs in {}",
+            s.dir.display()
+        );
+        eprintln!("seed {seed}: kills {killed:?}");
+        let log = log_text(&s, "coordinator");
+        assert!(log.contains(": restoring checkpoint"), "seed {seed}: no restore from a checkpoint happened: {log}");
+        assert!(killed.len() >= 8, "seed {seed}: the job finished before most kills ({killed:?}): make it longer");
+    }
+    s.check_output(&format!("seed {seed}"));
+}
+
+#[test]
+fn a_hung_worker_is_detected_and_the_job_restarts_on_the_live_workers() {
+    let mut s = Scratch::new("hung", seed(), 30_000, 300);
+    {
+        let mut c = Cluster::start(
+            &s,
+            2,
+            &[
+                "--parallelism",
+                "2",
+                "--checkpoint-interval",
+                "50ms",
+                "--line-delay-us",
+                "50",
+                "--replacement-wait",
+                "500ms",
+            ],
+        );
+        // Let it run, then freeze worker 1 for longer than the heartbeat timeout.
+        std::thread::sleep(Duration::from_millis(800));
+        signal(&c.workers[1], "-STOP");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !log_text(&s, "coordinator").contains("no heartbeat for more than") {
+            assert!(Instant::now() < deadline, "the hung worker was not detected; logs in {}", s.dir.display());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        while !log_text(&s, "coordinator").contains("running on 1 of 2 workers") {
+            assert!(Instant::now() < deadline, "no restart on the live worker; logs in {}", s.dir.display());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        signal(&c.workers[1], "-CONT");
+        let st = c.wait(Duration::from_secs(90));
+        assert!(st.success(), "the job failed: {st}; logs in {}", s.dir.display());
+        // The resumed worker found its coordinator connection dead and stopped its old tasks.
+        let w1 = log_text(&s, "worker-1");
+        assert!(w1.contains("lost its coordinator") || w1.contains("worker exits"), "worker 1 log: {w1}");
+    }
+    s.check_output("hung worker");
+}
+
+#[test]
+fn peers_without_the_secret_and_garbage_bytes_are_refused_without_disturbing_the_job() {
+    let mut s = Scratch::new("auth", seed(), 20_000, 200);
+    {
+        let mut c = Cluster::start(&s, 1, &["--parallelism", "2", "--line-delay-us", "50"]);
+        // A worker with the wrong secret.
+        std::fs::write(s.path("wrong"), "not-the-cluster-secret-at-all-000").unwrap();
+        let mut intruder = Command::new(BIN)
+            .args(["worker", "--join", &c.addr, "--secret-file", s.path("wrong").to_str().unwrap()])
+            .args(["--rejoin-timeout", "1s"])
+            .stdout(s.log("intruder"))
+            .stderr(s.log("intruder"))
+            .spawn()
+            .unwrap();
+        // Garbage on the coordinator's port: an HTTP request, and a frame header announcing 4 GiB.
+        for bytes in
+            [&b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..], &[b'C', b'U', b'T', b'L', 0, 1, 251, 0, 255, 255, 255, 255][..]]
+        {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut t = loop {
+                match std::net::TcpStream::connect(&c.addr) {
+                    Ok(t) => break t,
+                    Err(e) => assert!(Instant::now() < deadline, "the coordinator does not listen: {e}"),
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let _ = t.write_all(bytes);
+            let mut sink = Vec::new();
+            let _ = t.read_to_end(&mut sink); // the coordinator closes the connection
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while intruder.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "the intruder kept running");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let st = c.wait(Duration::from_secs(90));
+        assert!(st.success(), "the job failed: {st}");
+        let log = log_text(&s, "coordinator");
+        assert!(log.contains("refused a connection"), "no refusal logged: {log}");
+        assert!(log.contains("wrong cluster secret") || log.contains("secret"), "{log}");
+        assert!(!log.contains(SECRET), "the secret must never be logged");
+        let intruder_log = log_text(&s, "intruder");
+        assert!(intruder_log.contains("rejected"), "intruder log: {intruder_log}");
+    }
+    s.check_output("auth");
+}
+
+#[test]
+fn a_cluster_without_a_secret_is_refused_with_advice() {
+    let out =
+        Command::new(BIN).args(["worker", "--join", "127.0.0.1:1"]).env_remove("CUTLINE_SECRET_FILE").output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--secret-file") && err.contains("urandom"), "{err}");
+    let _ = Path::new("");
+}
