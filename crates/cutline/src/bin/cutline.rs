@@ -118,6 +118,17 @@ enum Cmd {
         /// Checkpoints in flight at once.
         #[arg(long, default_value_t = 1)]
         max_concurrent: usize,
+        /// Run on this many worker processes of a local cluster (0: every task in this process).
+        #[arg(long, default_value_t = 0)]
+        workers: usize,
+        /// Checkpoint storage: a directory or `s3://BUCKET/PREFIX` (default: a fresh temporary
+        /// directory, removed afterwards).
+        #[arg(long)]
+        state: Option<String>,
+        /// With --workers: SIGKILL worker 0 this long after the start (and start a replacement at
+        /// once), and report how long the job took to run again.
+        #[arg(long)]
+        kill_worker_after: Option<String>,
     },
     /// Checkpoints in front of a backlog: one slow task with about 10 s of data queued in front of it,
     /// checkpointed aligned, unaligned, or aligned with a timeout.
@@ -240,12 +251,26 @@ enum JobSpec {
         #[arg(long)]
         line_delay_us: u64,
     },
+    Bench {
+        #[arg(long)]
+        events: u64,
+        #[arg(long)]
+        keys: u64,
+        #[arg(long)]
+        parallelism: u32,
+    },
 }
 
 /// Build the job a coordinator names (on a worker): the graph and its fingerprint.
 fn build_job(args: &[String]) -> std::result::Result<(cutline::JobGraph, String), String> {
     let spec = JobSpec::try_parse_from(args).map_err(|e| e.to_string())?;
-    let JobSpec::Wordcount { input, output, parallelism, line_delay_us } = spec;
+    let (input, output, parallelism, line_delay_us) = match spec {
+        JobSpec::Wordcount { input, output, parallelism, line_delay_us } => (input, output, parallelism, line_delay_us),
+        JobSpec::Bench { events, keys, parallelism } => {
+            let graph = cutline::jobs::keyed_bench(events, keys, parallelism).build().map_err(|e| e.to_string())?;
+            return Ok((graph, "bench".into()));
+        }
+    };
     let fingerprint = format!("wordcount input={} output={}", input.display(), output.display());
     let graph =
         cutline::jobs::wordcount_paced(&input, parallelism, cutline::jobs::wordcount_file_sink(&output), line_delay_us)
@@ -254,10 +279,34 @@ fn build_job(args: &[String]) -> std::result::Result<(cutline::JobGraph, String)
     Ok((graph, fingerprint))
 }
 
+/// Open checkpoint storage: a directory, or `s3://BUCKET[/PREFIX]` (with the `s3` feature; the
+/// endpoint and credentials come from the environment, see `S3Config::from_env`).
 fn open_store(state: &str) -> std::result::Result<Arc<dyn CheckpointStore>, String> {
+    if let Some(rest) = state.strip_prefix("s3://") {
+        return open_s3(rest);
+    }
     LocalDirStore::open(Path::new(state))
         .map(|s| Arc::new(s) as Arc<dyn CheckpointStore>)
         .map_err(|e| format!("cannot open state directory {state}: {e}"))
+}
+
+#[cfg(feature = "s3")]
+fn open_s3(rest: &str) -> std::result::Result<Arc<dyn CheckpointStore>, String> {
+    use cutline_storage::{S3Config, S3Store};
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut cfg = S3Config::from_vars(|name| match name {
+        "CUTLINE_S3_BUCKET" => Some(bucket.to_string()),
+        "CUTLINE_S3_PREFIX" => Some(prefix.trim_matches('/').to_string()),
+        other => std::env::var(other).ok(),
+    })
+    .map_err(|e| e.to_string())?;
+    cfg.prefix = prefix.trim_matches('/').to_string();
+    S3Store::open(cfg).map(|s| Arc::new(s) as Arc<dyn CheckpointStore>).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "s3"))]
+fn open_s3(_: &str) -> std::result::Result<Arc<dyn CheckpointStore>, String> {
+    Err("this cutline was built without S3 support: build it with `--features s3`".into())
 }
 
 /// Checkpoint settings beyond interval and mode, for the jobs `cutline` runs.
@@ -388,9 +437,25 @@ fn main() {
             worker(join, secret_file.as_deref(), listen, advertise, &rejoin_timeout)
         }
         Cmd::Cluster { workers, job } => launch_cluster(workers, &job),
-        Cmd::Bench { events, keys, parallelism, checkpoint_interval, max_concurrent } => {
-            bench(events, keys, parallelism, &checkpoint_interval, max_concurrent)
-        }
+        Cmd::Bench {
+            events,
+            keys,
+            parallelism,
+            checkpoint_interval,
+            max_concurrent,
+            workers,
+            state,
+            kill_worker_after,
+        } => bench(&BenchArgs {
+            events,
+            keys,
+            parallelism,
+            interval: checkpoint_interval,
+            max_concurrent,
+            workers,
+            state,
+            kill_worker_after,
+        }),
         Cmd::BenchBacklog {
             mode,
             alignment_timeout,
@@ -997,7 +1062,20 @@ fn drill(seed: u64, runs: u64, sim_seeds: u64) -> Result<()> {
     Ok(())
 }
 
-fn bench(events: u64, keys: u64, parallelism: u32, interval: &str, max_concurrent: usize) -> Result<()> {
+struct BenchArgs {
+    events: u64,
+    keys: u64,
+    parallelism: u32,
+    interval: String,
+    max_concurrent: usize,
+    workers: usize,
+    state: Option<String>,
+    kill_worker_after: Option<String>,
+}
+
+fn bench(a: &BenchArgs) -> Result<()> {
+    let (events, keys, parallelism, interval, max_concurrent) =
+        (a.events, a.keys, a.parallelism, a.interval.as_str(), a.max_concurrent);
     let interval_ms = parse_interval(interval)?;
     if keys == 0 || parallelism == 0 {
         bail!("--keys and --parallelism must be positive");
@@ -1005,17 +1083,76 @@ fn bench(events: u64, keys: u64, parallelism: u32, interval: &str, max_concurren
     let dir = std::env::temp_dir().join(format!(
         "cutline-bench-{}-{}",
         std::process::id(),
-        Instant::now().elapsed().as_nanos()
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos()
     ));
-    let store = Arc::new(LocalDirStore::open(&dir)?);
-    let graph = cutline::jobs::keyed_bench(events, keys, parallelism).build()?;
-    let mut cfg = RunConfig::new(store, "bench");
+    let state = a.state.clone().unwrap_or_else(|| dir.display().to_string());
+    let store = open_store(&state).map_err(anyhow::Error::msg)?;
+    let job_args: Vec<String> = ["bench", "--events", &events.to_string(), "--keys", &keys.to_string()]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["--parallelism".to_string(), parallelism.to_string()])
+        .collect();
+    let (graph, fingerprint) = build_job(&job_args).map_err(anyhow::Error::msg)?;
+    let mut cfg = RunConfig::new(store, fingerprint);
     cfg.checkpoint.interval_ms = interval_ms;
     cfg.checkpoint.max_concurrent = max_concurrent;
     cfg.checkpoint.validate().map_err(anyhow::Error::msg)?;
     cfg.restart = cutline::RestartStrategy::None;
     let start = Instant::now();
-    let report = cutline::run(&graph, cfg);
+    let mut recovery = String::new();
+    let report = if a.workers == 0 {
+        if a.kill_worker_after.is_some() {
+            bail!("--kill-worker-after needs --workers");
+        }
+        cutline::run(&graph, cfg)
+    } else {
+        use std::process::Command;
+        cfg.restart = cutline::RestartStrategy::default();
+        std::fs::create_dir_all(&dir)?;
+        let secret_file = dir.join("cluster.secret");
+        std::fs::write(&secret_file, format!("bench-{}-{}", std::process::id(), start.elapsed().as_nanos()).repeat(2))?;
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.to_string();
+        let mut cluster =
+            ClusterConfig::new(&addr, a.workers, std::fs::read(&secret_file)?, job_args.clone(), state.clone());
+        cluster.heartbeat_timeout_ms = 2_000;
+        let handle = cutline::cluster::spawn_cluster(graph, cfg, cluster)?;
+        let exe = std::env::current_exe()?;
+        let worker = || {
+            Command::new(&exe)
+                .args(["worker", "--join", &addr, "--secret-file"])
+                .arg(&secret_file)
+                .stderr(std::process::Stdio::null())
+                .spawn()
+        };
+        let mut children = (0..a.workers).map(|_| worker()).collect::<std::io::Result<Vec<_>>>()?;
+        if let Some(after) = &a.kill_worker_after {
+            std::thread::sleep(std::time::Duration::from_millis(ms_flag("kill-worker-after", after)?));
+            let before = handle.metrics().map(|m| m.generation).unwrap_or_default();
+            let killed = Instant::now();
+            children[0].kill()?;
+            children[0].wait()?;
+            children[0] = worker()?;
+            // Running again: the coordinator reports a newer generation once every worker deployed it.
+            loop {
+                match handle.metrics() {
+                    Ok(m) if m.generation > before && !m.tasks.is_empty() => break,
+                    Err(_) => bail!("the job ended before it recovered"),
+                    _ => std::thread::sleep(std::time::Duration::from_millis(1)),
+                }
+            }
+            recovery = format!(" recovery_ms={}", killed.elapsed().as_millis());
+        }
+        let r = handle.join();
+        for c in &mut children {
+            let deadline = Instant::now() + std::time::Duration::from_secs(5);
+            while c.try_wait()?.is_none() && Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        r
+    };
     let secs = start.elapsed().as_secs_f64();
     std::fs::remove_dir_all(&dir).ok();
     let report = report?;
@@ -1032,7 +1169,8 @@ fn bench(events: u64, keys: u64, parallelism: u32, interval: &str, max_concurren
     let col = |f: &dyn Fn(&cutline::CheckpointSummary) -> u64| periodic.iter().map(|c| f(c)).collect::<Vec<u64>>();
     let d = col(&|c| c.duration_ms);
     println!(
-        "events={events} keys={keys} parallelism={parallelism} interval={interval} max_concurrent={max_concurrent} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_p99_ms={} alignment_p99_ms={} start_delay_p99_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} state_bytes={}",
+        "events={events} keys={keys} parallelism={parallelism} workers={} interval={interval} max_concurrent={max_concurrent} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_p99_ms={} alignment_p99_ms={} start_delay_p99_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} state_bytes={} restarts={}{recovery}",
+        a.workers,
         events as f64 / secs,
         d.len(),
         pct(&d, 0.5),
@@ -1043,6 +1181,7 @@ fn bench(events: u64, keys: u64, parallelism: u32, interval: &str, max_concurren
         pct(&col(&|c| c.encode_us), 0.5),
         pct(&col(&|c| c.write_us), 0.5),
         report.checkpoints.last().map(|c| c.bytes).unwrap_or(0),
+        report.restarts,
     );
     Ok(())
 }
