@@ -3,7 +3,7 @@
 //! about a failure: callers do.
 
 use crate::format::FileKind;
-use cutline_core::CheckpointId;
+use cutline_core::{CheckpointId, Generation};
 use std::io::ErrorKind;
 use std::path::PathBuf;
 
@@ -85,6 +85,29 @@ pub enum StorageError {
     DiscardComplete(CheckpointId),
     #[error("injected failure at {0} (failure drill); retry the operation")]
     Injected(String),
+    /// `claim_generation` found a record of that generation: another coordinator started it.
+    #[error(
+        "generation {} of this job was already started by another coordinator ({owner}), so this one stops: \
+         do not run two coordinators for one job",
+        generation.0
+    )]
+    GenerationTaken { generation: Generation, owner: String },
+    /// A generation record above `generation` exists: a newer coordinator took over the job.
+    #[error(
+        "a newer coordinator (generation {}, owner {owner}) took over this job: this one (generation {}) stops",
+        newer.0,
+        generation.0
+    )]
+    Superseded { generation: Generation, newer: Generation, owner: String },
+    /// The manifest of `checkpoint` was committed by `generation` after generation `by` had started from
+    /// an older checkpoint: a zombie's commit, never restored.
+    #[error(
+        "checkpoint {} was completed by generation {} after generation {} took over; it is ignored",
+        checkpoint.0,
+        generation.0,
+        by.0
+    )]
+    Fenced { checkpoint: CheckpointId, generation: Generation, by: Generation },
     #[error("another run is using {path} (in this process or another; it holds the lock there): stop it first, or use another state directory")]
     Locked { path: PathBuf },
     /// A request to a remote store (an object store) failed, after `attempts` tries when `transient`.
@@ -131,6 +154,8 @@ impl StorageError {
 
     /// Whether the stored data itself is damaged (bad frame, checksum, size, decoding, or a file a
     /// manifest references is missing): reading it again will not help, an older checkpoint might.
+    /// [`StorageError::Fenced`], [`StorageError::Superseded`] and [`StorageError::GenerationTaken`] are
+    /// neither corruption nor transient: the data is intact, but another coordinator owns the job.
     pub fn is_corruption(&self) -> bool {
         matches!(
             self,

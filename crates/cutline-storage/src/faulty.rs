@@ -3,9 +3,9 @@
 //! corrupts data (use [`crate::MemStore::corrupt`] for that).
 
 use crate::error::StorageError;
-use crate::manifest::{JobMeta, Manifest, TaskStateHandle};
+use crate::manifest::{GenerationRecord, JobMeta, Manifest, TaskStateHandle};
 use crate::store::{CheckpointListing, CheckpointStore, GcReport};
-use cutline_core::{CheckpointId, KeyGroupRange, OperatorId, SubtaskIndex};
+use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};
 
 /// A write-like operation the fault policy is asked about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,14 +30,26 @@ pub enum StoreOp {
     WriteMeta,
     MarkFinished,
     Gc,
+    /// Asked before the generation record is created: `true` fails the claim and nothing is written.
+    ClaimGeneration {
+        generation: Generation,
+    },
+    /// Asked only after the generation record was created: `true` reports a failure although the
+    /// generation IS claimed (a lost reply); claiming it again then meets
+    /// [`StorageError::GenerationTaken`].
+    ClaimGenerationAfterWrite {
+        generation: Generation,
+    },
 }
 
-/// Decides, per operation, whether it fails. Called once per write-like call (twice for a commit).
+/// Decides, per operation, whether it fails. Called once per write-like call (twice for a commit or a
+/// claim).
 pub type FaultPolicy = Box<dyn Fn(StoreOp) -> bool + Send + Sync>;
 
 /// A store that forwards to `S` unless its policy says an operation fails, in which case the operation
 /// returns [`StorageError::Injected`] and does nothing (except for
-/// [`StoreOp::CommitManifestAfterWrite`], which fails after doing everything).
+/// [`StoreOp::CommitManifestAfterWrite`] and [`StoreOp::ClaimGenerationAfterWrite`], which fail after
+/// doing everything). Reads, `check_not_fenced` included, always pass through.
 pub struct FaultyStore<S: CheckpointStore> {
     inner: S,
     policy: FaultPolicy,
@@ -95,6 +107,14 @@ impl<S: CheckpointStore> CheckpointStore for FaultyStore<S> {
         self.inner.list_checkpoints()
     }
 
+    fn max_checkpoint_id_seen(&self) -> Result<Option<CheckpointId>, StorageError> {
+        self.inner.max_checkpoint_id_seen()
+    }
+
+    fn latest_complete(&self) -> Result<Option<CheckpointId>, StorageError> {
+        self.inner.latest_complete()
+    }
+
     fn read_manifest(&self, id: CheckpointId) -> Result<Manifest, StorageError> {
         self.inner.read_manifest(id)
     }
@@ -129,6 +149,25 @@ impl<S: CheckpointStore> CheckpointStore for FaultyStore<S> {
 
     fn finished(&self) -> Result<Option<CheckpointId>, StorageError> {
         self.inner.finished()
+    }
+
+    fn claim_generation(&self, record: &GenerationRecord) -> Result<(), StorageError> {
+        let generation = record.generation;
+        self.check(StoreOp::ClaimGeneration { generation })?;
+        self.inner.claim_generation(record)?;
+        self.check(StoreOp::ClaimGenerationAfterWrite { generation })
+    }
+
+    fn generations(&self) -> Result<Vec<GenerationRecord>, StorageError> {
+        self.inner.generations()
+    }
+
+    fn latest_generation(&self) -> Result<Option<GenerationRecord>, StorageError> {
+        self.inner.latest_generation()
+    }
+
+    fn check_not_fenced(&self, generation: Generation) -> Result<(), StorageError> {
+        self.inner.check_not_fenced(generation)
     }
 
     fn describe(&self) -> String {

@@ -34,6 +34,8 @@ pub enum FileKind {
     Manifest = 2,
     JobMeta = 3,
     Finished = 4,
+    /// A [`crate::GenerationRecord`]: which coordinator started a generation, and from where.
+    GenerationRecord = 5,
 }
 
 impl fmt::Display for FileKind {
@@ -43,6 +45,7 @@ impl fmt::Display for FileKind {
             FileKind::Manifest => "manifest",
             FileKind::JobMeta => "job meta",
             FileKind::Finished => "finished marker",
+            FileKind::GenerationRecord => "generation record",
         };
         f.write_str(name)
     }
@@ -173,7 +176,8 @@ pub(crate) fn decode_record<T: DeserializeOwned>(path: &Path, bytes: &[u8], kind
 mod tests {
     use super::*;
 
-    const KINDS: [FileKind; 4] = [FileKind::TaskState, FileKind::Manifest, FileKind::JobMeta, FileKind::Finished];
+    const KINDS: [FileKind; 5] =
+        [FileKind::TaskState, FileKind::Manifest, FileKind::JobMeta, FileKind::Finished, FileKind::GenerationRecord];
 
     /// Re-stamps a frame's version field and fixes its checksum, as a newer writer would.
     fn with_version(mut frame: Vec<u8>, version: u16) -> Vec<u8> {
@@ -203,6 +207,9 @@ mod tests {
         expected.extend_from_slice(&[1, 0, 2, 0, 2, 0, 0, 0, 0, 0, 0, 0, b'h', b'i']);
         expected.extend_from_slice(&crc32fast::hash(&expected).to_le_bytes());
         assert_eq!(frame, expected);
+        // The kind numbers are on disk: never renumber them.
+        let numbers: Vec<u16> = KINDS.iter().map(|k| *k as u16).collect();
+        assert_eq!(numbers, vec![1, 2, 3, 4, 5]);
     }
 
     #[test]

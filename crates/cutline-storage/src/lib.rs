@@ -7,7 +7,7 @@
 //! - [`CheckpointStore`]: the storage contract, implemented by [`LocalDirStore`] (a directory) and
 //!   [`MemStore`] (memory, for simulations), wrapped by [`FaultyStore`] for failure drills; with the
 //!   cargo feature `s3`, also by `S3Store` (a bucket of any S3-compatible object store).
-//! - [`Manifest`], [`TaskStateHandle`], [`JobMeta`]: the records kept.
+//! - [`Manifest`], [`TaskStateHandle`], [`JobMeta`], [`GenerationRecord`]: the records kept.
 
 mod error;
 mod faulty;
@@ -23,7 +23,7 @@ pub use error::StorageError;
 pub use faulty::{FaultPolicy, FaultyStore, StoreOp};
 pub use format::{decode_frame, encode_frame, FileKind, FORMAT_VERSION};
 pub use local::LocalDirStore;
-pub use manifest::{JobMeta, Manifest, TaskStateHandle};
+pub use manifest::{GenerationRecord, JobMeta, Manifest, TaskStateHandle};
 pub use mem::MemStore;
 #[cfg(feature = "s3")]
 pub use object::{RetryLimits, S3Config, S3Store};

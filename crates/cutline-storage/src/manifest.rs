@@ -1,6 +1,8 @@
 //! The records cutline keeps about checkpoints and jobs: [`Manifest`] (the commit record of one
-//! checkpoint), [`TaskStateHandle`] (where one task's snapshot lives) and [`JobMeta`] (what survives
-//! across process lives). Plain serde values: they do no I/O and do not check that files exist.
+//! checkpoint), [`TaskStateHandle`] (where one task's snapshot lives), [`JobMeta`] (what survives
+//! across process lives) and [`GenerationRecord`] (which coordinator started a generation, the point
+//! from which older generations are fenced). Plain serde values: they do no I/O and do not check that
+//! files exist.
 
 use crate::format::FORMAT_VERSION;
 use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};
@@ -67,12 +69,33 @@ impl Manifest {
 }
 
 /// What the job keeps across process lives, next to its checkpoints.
+///
+/// Written with a plain overwrite, by whichever coordinator writes last: it is a hint, not the
+/// authority on which generation owns the job (the [`GenerationRecord`]s are; see
+/// `CheckpointStore::write_meta`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobMeta {
     pub job_fingerprint: String,
-    /// The generation of the latest incarnation of the job.
+    /// The generation of the latest incarnation of the job that wrote this file. A zombie coordinator
+    /// may have overwritten it with an older one: take new generations above
+    /// `CheckpointStore::latest_generation` too.
     pub generation: Generation,
     /// Every checkpoint id ever issued for this job is below this: a new process resumes issuing ids
     /// at or above it, so ids never repeat even if checkpoint directories were lost.
     pub epoch_lease_end: CheckpointId,
+}
+
+/// The record a coordinator creates (create-if-absent, `CheckpointStore::claim_generation`) when it
+/// starts a generation of the job, before it commits anything. Once it exists, every complete
+/// checkpoint that an older generation commits above `restored` is fenced: treated as not complete.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationRecord {
+    pub job_fingerprint: String,
+    pub generation: Generation,
+    /// The complete checkpoint of this store that this generation restored from; `None` if it started
+    /// fresh or from a savepoint (which it only does when the store has no complete checkpoint).
+    pub restored: Option<CheckpointId>,
+    pub created_unix_ms: u64,
+    /// Free text naming the coordinator (host, pid), for the messages of those it stops.
+    pub owner: String,
 }

@@ -10,10 +10,14 @@
 //! How the primitives map, and why that keeps the store's guarantees:
 //! - `put` is one PUT. S3 makes an object visible whole or not at all and only acknowledges a PUT
 //!   once it is durable, so there are no temporary objects and `sync_dir` has nothing to do.
-//! - `put_new` (the manifest: the commit point, never replaced) is a conditional PUT
-//!   (`If-None-Match: *`, `PutMode::Create`): of two writers exactly one wins, the other gets
-//!   `Ok(false)`, which the store reports as [`StorageError::ManifestExists`]. [`S3Store::open`]
-//!   checks that the server honours the condition and refuses a server that ignores it.
+//! - `put_new` (the manifest: the commit point, never replaced; and a generation record, the claim
+//!   of a generation) is a conditional PUT (`If-None-Match: *`, `PutMode::Create`): of two writers
+//!   exactly one wins, the other gets `Ok(false)`, which the store reports as
+//!   [`StorageError::ManifestExists`] or [`StorageError::GenerationTaken`]. When an attempt may have
+//!   been applied but its answer was lost, a refused retry reads the object back: byte for byte ours
+//!   means it was ours (two coordinators never write the same record: owner and time differ).
+//!   [`S3Store::open`] checks that the server honours the condition and refuses a server that
+//!   ignores it.
 //! - `list` is a LIST with delimiter `/`: common prefixes are the directories.
 //! - Directories do not exist on an object store (a prefix exists while an object has it), so
 //!   `remove_dir_if_empty` removes nothing and says so (`Ok(false)`).
@@ -29,8 +33,10 @@
 //! Locking: an object store has no `flock`, and a lock object would outlive a crashed holder, so
 //! [`S3Store`] does not lock ([`crate::CheckpointStore::lock`] hands out a guard that holds
 //! nothing). It does not stop two jobs from using the same prefix; what keeps them from corrupting
-//! each other is that manifests are created only if absent and that the engine fences stale runs by
-//! generation ([`crate::JobMeta`]).
+//! each other is that manifests are created only if absent and that stale coordinators are fenced by
+//! generation records, also created only if absent ([`crate::CheckpointStore::claim_generation`]):
+//! a checkpoint an older generation commits after a newer one took over is never restored. `job.meta`
+//! stays a plain PUT (see [`crate::CheckpointStore::write_meta`]).
 //!
 //! `object_store` is async; [`S3Store`] drives it on a private current-thread tokio runtime with
 //! `block_on`, because [`crate::CheckpointStore`] is synchronous. Calling it from inside another

@@ -1,7 +1,8 @@
 //! The [`CheckpointStore`] contract, the layout of a store (which file lives where), and the single
-//! implementation of the checkpoint semantics (commit point, listing, verification, discard, gc) over
-//! a small private file-system interface, [`Files`]. Both [`crate::LocalDirStore`] and
-//! [`crate::MemStore`] are that interface plus [`impl_checkpoint_store!`], so they cannot drift apart.
+//! implementation of the checkpoint semantics (commit point, generation records and fencing, listing,
+//! verification, discard, gc) over a small private file-system interface, [`Files`]. Both
+//! [`crate::LocalDirStore`] and [`crate::MemStore`] are that interface plus [`impl_checkpoint_store!`],
+//! so they cannot drift apart.
 //! It does not decide when to checkpoint, what to retain, or which checkpoint to restore.
 //!
 //! Layout, relative to the store root:
@@ -9,21 +10,33 @@
 //! ```text
 //! job.meta                                          JobMeta
 //! FINISHED                                          the id of the end-of-input checkpoint
+//! generations/gen-<generation, 20 digits>          GenerationRecord, created only if absent
 //! checkpoints/chk-<id, 20 digits>/<operator>-<subtask>.state
-//! checkpoints/chk-<id, 20 digits>/_MANIFEST        present = the checkpoint is complete
+//! checkpoints/chk-<id, 20 digits>/_MANIFEST        present = the checkpoint is committed
 //! ```
 //!
 //! Writes go to a temporary name (`.<name>.<pid>-<seq>.tmp`) first; listings ignore such names.
 //!
+//! Fencing: a committed manifest of checkpoint `c` written by generation `g` is *fenced* iff there is
+//! a generation record `g2 > g` whose `restored` is `None` or below `c`. Generation `g2` recorded,
+//! when it started, the complete checkpoint it restored; checkpoint ids only grow, so anything an
+//! older generation committed above that point was committed by a zombie after `g2` took over. A
+//! fenced checkpoint counts as not complete: listings report it as `fenced`, `latest_complete` skips
+//! it, `verify` refuses it ([`StorageError::Fenced`]) and `gc` removes it. A store without generation
+//! records fences nothing.
+//!
 //! Concurrency: tasks may write task state concurrently with anything. `commit_manifest`, `discard`,
 //! `gc`, `write_meta` and `mark_finished` are the coordinator's and must not run concurrently with each
 //! other on one store (gc removes leftover temporary files, which a concurrent write could still own).
+//! `claim_generation` and `check_not_fenced` may run concurrently with anything, from any number of
+//! coordinators (they are how coordinators of different generations find out about each other); gc
+//! therefore leaves temporary files under `generations/` alone.
 
 use crate::error::StorageError;
 use crate::format::{decode_frame_at, decode_record, encode_frame, encode_record, FileKind};
-use crate::manifest::{JobMeta, Manifest, TaskStateHandle};
+use crate::manifest::{GenerationRecord, JobMeta, Manifest, TaskStateHandle};
 use crate::FORMAT_VERSION;
-use cutline_core::{CheckpointId, KeyGroupRange, OperatorId, SubtaskIndex};
+use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,28 +65,69 @@ pub trait CheckpointStore: Send + Sync {
     /// size than recorded: manifests are only built from acknowledged writes.
     fn commit_manifest(&self, manifest: &Manifest) -> Result<(), StorageError>;
 
-    /// Every checkpoint directory, complete or not, sorted by id. Unrelated entries are ignored.
+    /// Every checkpoint directory, complete or not, sorted by id. Unrelated entries are ignored. A
+    /// committed checkpoint that is fenced (see the module documentation) is listed with
+    /// `complete: false, fenced: true`. Reads the generation records once, and the manifests of only
+    /// those committed checkpoints that some record could fence (above the lowest restore point a
+    /// record names); a store without generation records costs what it did before them.
     fn list_checkpoints(&self) -> Result<Vec<CheckpointListing>, StorageError>;
 
-    /// Reads and decodes the manifest of `id`.
+    /// Reads and decodes the manifest of `id`, fenced or not.
     fn read_manifest(&self, id: CheckpointId) -> Result<Manifest, StorageError>;
 
     /// Reads the manifest of `id` and every file it references, checking sizes and checksums.
+    /// [`StorageError::Fenced`] if the checkpoint is fenced (its files are not read then).
     fn verify(&self, id: CheckpointId) -> Result<Manifest, StorageError>;
 
     /// Removes an attempt without a manifest (aborted or partial); files that a complete manifest
     /// references are kept. Refuses a complete checkpoint; discarding an absent one succeeds.
     fn discard(&self, id: CheckpointId) -> Result<(), StorageError>;
 
-    /// Retention: keeps the `retain` (at least 1) latest complete checkpoints and the attempts in
-    /// `in_flight`, removes every other checkpoint directory and leftover temporary files, and never
-    /// removes a file that a retained manifest references.
+    /// Retention: keeps the `retain` (at least 1) latest complete checkpoints (fenced ones do not
+    /// count and are removed) and the attempts in `in_flight`, removes every other checkpoint directory
+    /// and leftover temporary files, and never removes a file that a retained manifest references.
+    /// Then removes the generation records that can no longer fence a stored checkpoint: those below
+    /// the lowest generation of the retained manifests, always keeping the newest two records (and
+    /// none removed at all while a retained manifest is unreadable).
     fn gc(&self, retain: usize, in_flight: &[CheckpointId]) -> Result<GcReport, StorageError>;
 
     fn read_meta(&self) -> Result<Option<JobMeta>, StorageError>;
 
     /// Durably and atomically replaces the job metadata.
+    ///
+    /// A plain overwrite, also on object stores, and by design: `job.meta` decides nothing about who
+    /// owns the job. Ownership is decided by the generation records, created only if absent
+    /// ([`CheckpointStore::claim_generation`]), and a zombie's late commits are fenced by them, so a
+    /// zombie overwriting `job.meta` cannot make its checkpoints count. What a stale overwrite can do is
+    /// lower the recorded generation and epoch lease; hence new generations are taken above
+    /// [`CheckpointStore::latest_generation`] too, and new checkpoint ids above
+    /// [`CheckpointStore::max_checkpoint_id_seen`] too (every committed or attempted id has a directory).
     fn write_meta(&self, meta: &JobMeta) -> Result<(), StorageError>;
+
+    /// Starts generation `record.generation` of the job in this store: creates its record, only if
+    /// absent, durably and with its whole content at once (on every backend: a hard link of a synced
+    /// temporary file locally, a conditional PUT on an object store, whose lost answer is resolved by
+    /// reading the record back). A coordinator claims its generation after choosing the checkpoint it
+    /// restores (`record.restored`) and before it commits anything.
+    ///
+    /// [`StorageError::GenerationTaken`] if that generation already has a record (another coordinator
+    /// started it; claiming the same record twice is refused too).
+    /// [`StorageError::Superseded`] if a higher generation already has a record, checked before and
+    /// after the create; found after, the record just created is removed again, so that a coordinator
+    /// that lost the race leaves no record with an older restore point behind.
+    fn claim_generation(&self, record: &GenerationRecord) -> Result<(), StorageError>;
+
+    /// Every generation record, ascending. A damaged record is an error (as a damaged `job.meta` is).
+    fn generations(&self) -> Result<Vec<GenerationRecord>, StorageError>;
+
+    /// The record of the highest generation, if any (reads only that one).
+    fn latest_generation(&self) -> Result<Option<GenerationRecord>, StorageError>;
+
+    /// `Ok` unless a generation above `generation` has a record, then [`StorageError::Superseded`]
+    /// naming the newest one and its owner. The coordinator of `generation` calls it right before and
+    /// right after committing a manifest (and should before discard and gc), and stops on `Superseded`.
+    /// One listing of `generations/` and, only when superseded, one read.
+    fn check_not_fenced(&self, generation: Generation) -> Result<(), StorageError>;
 
     /// Records that the job finished with the complete checkpoint `checkpoint`.
     fn mark_finished(&self, checkpoint: CheckpointId) -> Result<(), StorageError>;
@@ -90,7 +144,7 @@ pub trait CheckpointStore: Send + Sync {
         Ok(StoreLock::none())
     }
 
-    /// The highest checkpoint id of any directory, complete or not: new ids must be above it.
+    /// The highest checkpoint id of any directory, complete, fenced or not: new ids must be above it.
     fn max_checkpoint_id_seen(&self) -> Result<Option<CheckpointId>, StorageError> {
         Ok(self.list_checkpoints()?.last().map(|l| l.id))
     }
@@ -126,8 +180,11 @@ impl StoreLock {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CheckpointListing {
     pub id: CheckpointId,
-    /// Whether its manifest is committed.
+    /// Whether its manifest is committed and it is not fenced: whether it may be restored.
     pub complete: bool,
+    /// Whether its manifest is committed but fenced: written by an older generation after a newer one
+    /// took over (see the module documentation). Never restored; `gc` removes it.
+    pub fenced: bool,
 }
 
 /// What one [`CheckpointStore::gc`] removed.
@@ -137,14 +194,19 @@ pub struct GcReport {
     pub removed_checkpoints: Vec<CheckpointId>,
     pub removed_files: usize,
     pub removed_bytes: u64,
+    /// Generation records removed (no longer able to fence a stored checkpoint), ascending.
+    pub removed_generations: Vec<Generation>,
 }
 
 // ---- layout -------------------------------------------------------------------------------------
 
 pub(crate) const CHECKPOINTS_DIR: &str = "checkpoints";
 pub(crate) const MANIFEST_NAME: &str = "_MANIFEST";
+pub(crate) const GENERATIONS_DIR: &str = "generations";
 const META_PATH: &str = "job.meta";
 const FINISHED_PATH: &str = "FINISHED";
+/// How many of the newest generation records gc always keeps.
+const KEEP_NEWEST_GENERATIONS: usize = 2;
 
 pub(crate) fn checkpoint_dir(id: CheckpointId) -> String {
     format!("{CHECKPOINTS_DIR}/chk-{:020}", id.0)
@@ -159,11 +221,24 @@ fn task_state_path(id: CheckpointId, operator: &OperatorId, subtask: SubtaskInde
 }
 
 fn parse_checkpoint_dir(name: &str) -> Option<CheckpointId> {
-    let digits = name.strip_prefix("chk-")?;
+    parse_padded(name, "chk-").map(CheckpointId)
+}
+
+pub(crate) fn generation_path(generation: Generation) -> String {
+    format!("{GENERATIONS_DIR}/gen-{:020}", generation.0)
+}
+
+fn parse_generation_name(name: &str) -> Option<Generation> {
+    parse_padded(name, "gen-").map(Generation)
+}
+
+/// `<prefix><20 digits>` -> the number.
+fn parse_padded(name: &str, prefix: &str) -> Option<u64> {
+    let digits = name.strip_prefix(prefix)?;
     if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    digits.parse().ok().map(CheckpointId)
+    digits.parse().ok()
 }
 
 /// A fresh temporary name for a file that will be renamed to `name`.
@@ -300,6 +375,21 @@ macro_rules! impl_checkpoint_store {
             fn finished(&self) -> Result<Option<::cutline_core::CheckpointId>, $crate::StorageError> {
                 $crate::store::ops::finished(self)
             }
+            fn max_checkpoint_id_seen(&self) -> Result<Option<::cutline_core::CheckpointId>, $crate::StorageError> {
+                $crate::store::ops::max_checkpoint_id_seen(self)
+            }
+            fn claim_generation(&self, record: &$crate::GenerationRecord) -> Result<(), $crate::StorageError> {
+                $crate::store::ops::claim_generation(self, record)
+            }
+            fn generations(&self) -> Result<Vec<$crate::GenerationRecord>, $crate::StorageError> {
+                $crate::store::ops::generations(self)
+            }
+            fn latest_generation(&self) -> Result<Option<$crate::GenerationRecord>, $crate::StorageError> {
+                $crate::store::ops::latest_generation(self)
+            }
+            fn check_not_fenced(&self, generation: ::cutline_core::Generation) -> Result<(), $crate::StorageError> {
+                $crate::store::ops::check_not_fenced(self, generation)
+            }
             fn describe(&self) -> String {
                 $crate::store::Files::describe(self)
             }
@@ -385,20 +475,52 @@ pub(crate) mod ops {
         }
     }
 
-    pub fn list_checkpoints<F: Files>(fs: &F) -> Result<Vec<CheckpointListing>, StorageError> {
+    /// Every checkpoint directory, `complete` meaning only that its manifest is there (fenced or not).
+    fn list_committed<F: Files>(fs: &F) -> Result<Vec<CheckpointListing>, StorageError> {
         let mut out = Vec::new();
         for entry in fs.list(CHECKPOINTS_DIR)? {
             let Some(id) = parse_checkpoint_dir(&entry.name).filter(|_| entry.is_dir) else {
                 continue;
             };
             let complete = fs.size(&manifest_path(id))?.is_some();
-            out.push(CheckpointListing { id, complete });
+            out.push(CheckpointListing { id, complete, fenced: false });
         }
         out.sort_by_key(|l| l.id);
         Ok(out)
     }
 
-    pub fn read_manifest<F: Files>(fs: &F, id: CheckpointId) -> Result<Manifest, StorageError> {
+    /// Without reading generation records or manifests: fenced ids count too.
+    pub fn max_checkpoint_id_seen<F: Files>(fs: &F) -> Result<Option<CheckpointId>, StorageError> {
+        Ok(list_committed(fs)?.last().map(|l| l.id))
+    }
+
+    pub fn list_checkpoints<F: Files>(fs: &F) -> Result<Vec<CheckpointListing>, StorageError> {
+        let mut out = list_committed(fs)?;
+        if !out.iter().any(|l| l.complete) {
+            return Ok(out);
+        }
+        let mut fences = Fences::read(fs)?;
+        for listing in out.iter_mut().filter(|l| l.complete) {
+            if !fences.may_fence(listing.id) {
+                continue; // no record could fence it: its manifest need not be read
+            }
+            let generation = match decode_manifest(fs, listing.id) {
+                Ok(m) if m.checkpoint == listing.id => m.generation,
+                // Unreadable or misplaced: left for `verify` to report; a restore skips it anyway.
+                Ok(_) => continue,
+                Err(e) if e.is_corruption() => continue,
+                Err(e) => return Err(e),
+            };
+            if fences.fenced_by(listing.id, generation)?.is_some() {
+                listing.complete = false;
+                listing.fenced = true;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads and decodes a manifest without checking that it names `id`.
+    fn decode_manifest<F: Files>(fs: &F, id: CheckpointId) -> Result<Manifest, StorageError> {
         let rel = manifest_path(id);
         let path = fs.display_path(&rel);
         let bytes = fs
@@ -412,17 +534,25 @@ pub(crate) mod ops {
                 supported: FORMAT_VERSION,
             });
         }
+        Ok(manifest)
+    }
+
+    pub fn read_manifest<F: Files>(fs: &F, id: CheckpointId) -> Result<Manifest, StorageError> {
+        let manifest = decode_manifest(fs, id)?;
         assert_eq!(
             manifest.checkpoint,
             id,
             "{} holds the manifest of another checkpoint: checkpoint directories were renamed by hand",
-            path.display()
+            fs.display_path(&manifest_path(id)).display()
         );
         Ok(manifest)
     }
 
     pub fn verify<F: Files>(fs: &F, id: CheckpointId) -> Result<Manifest, StorageError> {
         let manifest = read_manifest(fs, id)?;
+        if let Some(by) = Fences::read(fs)?.fenced_by(id, manifest.generation)? {
+            return Err(StorageError::Fenced { checkpoint: id, generation: manifest.generation, by });
+        }
         for task in &manifest.tasks {
             read_task_state(fs, task)?;
         }
@@ -433,10 +563,11 @@ pub(crate) mod ops {
         if fs.size(&manifest_path(id))?.is_some() {
             return Err(StorageError::DiscardComplete(id));
         }
-        // Only a later manifest can reference files of this attempt's directory.
+        // Only a later manifest can reference files of this attempt's directory. Fenced ones count
+        // here: keeping their files is harmless (gc removes them), and it spares reading generations.
         let later: Vec<CheckpointId> =
-            list_checkpoints(fs)?.into_iter().filter(|l| l.complete && l.id > id).map(|l| l.id).collect();
-        let keep = referenced_files(fs, &later)?;
+            list_committed(fs)?.into_iter().filter(|l| l.complete && l.id > id).map(|l| l.id).collect();
+        let keep = referenced_files(fs, &later)?.files;
         sweep(fs, &checkpoint_dir(id), &keep, |_| true, &mut GcReport::default())?;
         fs.remove_dir_if_empty(&checkpoint_dir(id))?;
         fs.sync_dir(CHECKPOINTS_DIR)
@@ -444,47 +575,81 @@ pub(crate) mod ops {
 
     pub fn gc<F: Files>(fs: &F, retain: usize, in_flight: &[CheckpointId]) -> Result<GcReport, StorageError> {
         assert!(retain >= 1, "gc must retain at least one complete checkpoint");
+        // Fenced checkpoints are not complete: they neither count towards `retain` nor stay.
         let listings = list_checkpoints(fs)?;
         let complete: Vec<CheckpointId> = listings.iter().filter(|l| l.complete).map(|l| l.id).collect();
         let retained = &complete[complete.len().saturating_sub(retain)..];
-        let keep = referenced_files(fs, retained)?;
+        let referenced = referenced_files(fs, retained)?;
+        let keep = &referenced.files;
         let mut report = GcReport::default();
         for listing in &listings {
             let dir = checkpoint_dir(listing.id);
             if retained.contains(&listing.id) {
-                sweep(fs, &dir, &keep, is_temp_name, &mut report)?;
-            } else if listing.complete || !in_flight.contains(&listing.id) {
-                let removed_files = sweep(fs, &dir, &keep, |_| true, &mut report)?;
+                sweep(fs, &dir, keep, is_temp_name, &mut report)?;
+            } else if listing.complete || listing.fenced || !in_flight.contains(&listing.id) {
+                let removed_files = sweep(fs, &dir, keep, |_| true, &mut report)?;
                 if fs.remove_dir_if_empty(&dir)? || removed_files > 0 {
                     report.removed_checkpoints.push(listing.id);
                 }
             }
         }
-        sweep(fs, "", &keep, is_temp_name, &mut report)?;
+        sweep(fs, "", keep, is_temp_name, &mut report)?;
         fs.sync_dir(CHECKPOINTS_DIR)?;
+        // Generation records last, once the checkpoints they fenced are gone. A record of generation
+        // g2 fences only manifests of generations below g2, so records below the lowest generation of
+        // the retained manifests fence nothing that is stored. The newest ones always stay: they fence
+        // what zombies may still commit. An unreadable retained manifest has an unknown generation:
+        // then nothing is removed. (Temporary files under generations/ are left alone: a concurrent
+        // claim of another coordinator may own them.)
+        if !referenced.any_damaged {
+            let names = generation_names(fs)?;
+            let removable = names.len().saturating_sub(KEEP_NEWEST_GENERATIONS);
+            for generation in &names[..removable] {
+                if referenced.min_generation.is_none_or(|min| *generation < min) {
+                    fs.remove_file(&generation_path(*generation))?;
+                    report.removed_generations.push(*generation);
+                }
+            }
+            if !report.removed_generations.is_empty() {
+                fs.sync_dir(GENERATIONS_DIR)?;
+            }
+        }
         Ok(report)
+    }
+
+    /// What a set of manifests references.
+    struct Referenced {
+        files: BTreeSet<String>,
+        /// The lowest generation among the intact manifests.
+        min_generation: Option<Generation>,
+        /// Whether some manifest could not be read (see [`referenced_files`]).
+        any_damaged: bool,
     }
 
     /// Every file that the manifests of `ids` reference. A retained manifest that is damaged keeps its
     /// whole directory instead (its references are unknown; a restore will skip it and may fall back to
     /// an older checkpoint, so nothing of it is touched here). Other read errors fail the pass.
-    fn referenced_files<F: Files>(fs: &F, ids: &[CheckpointId]) -> Result<BTreeSet<String>, StorageError> {
-        let mut keep = BTreeSet::new();
+    fn referenced_files<F: Files>(fs: &F, ids: &[CheckpointId]) -> Result<Referenced, StorageError> {
+        let mut out = Referenced { files: BTreeSet::new(), min_generation: None, any_damaged: false };
         for id in ids {
             match read_manifest(fs, *id) {
-                Ok(m) => keep.extend(m.tasks.into_iter().map(|t| t.file)),
+                Ok(m) => {
+                    out.min_generation = Some(out.min_generation.map_or(m.generation, |g| g.min(m.generation)));
+                    out.files.extend(m.tasks.into_iter().map(|t| t.file));
+                }
                 Err(e) if e.is_corruption() => {
+                    out.any_damaged = true;
                     let dir = checkpoint_dir(*id);
                     for entry in fs.list(&dir)? {
                         if !entry.is_dir {
-                            keep.insert(format!("{dir}/{}", entry.name));
+                            out.files.insert(format!("{dir}/{}", entry.name));
                         }
                     }
                 }
                 Err(e) => return Err(e),
             }
         }
-        Ok(keep)
+        Ok(out)
     }
 
     /// Removes the files of `dir` that pass `select` and are not in `keep`, the manifest first (so that
@@ -525,8 +690,166 @@ pub(crate) mod ops {
         }
     }
 
+    /// A plain `put`, on every backend: see [`CheckpointStore::write_meta`] for why that is safe.
     pub fn write_meta<F: Files>(fs: &F, meta: &JobMeta) -> Result<(), StorageError> {
         fs.put(META_PATH, &encode_record(FileKind::JobMeta, meta))
+    }
+
+    // ---- generation records and fencing ----
+
+    /// The generations that have a record, ascending (from the names; nothing is read).
+    fn generation_names<F: Files>(fs: &F) -> Result<Vec<Generation>, StorageError> {
+        let mut out: Vec<Generation> = fs
+            .list(GENERATIONS_DIR)?
+            .into_iter()
+            .filter(|e| !e.is_dir)
+            .filter_map(|e| parse_generation_name(&e.name))
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// The record of `generation`; `None` if there is none. A record filed under another generation's
+    /// name is damage ([`StorageError::Decode`]).
+    fn read_generation<F: Files>(fs: &F, generation: Generation) -> Result<Option<GenerationRecord>, StorageError> {
+        let rel = generation_path(generation);
+        let Some(bytes) = fs.read(&rel)? else {
+            return Ok(None);
+        };
+        let path = fs.display_path(&rel);
+        let record: GenerationRecord = decode_record(&path, &bytes, FileKind::GenerationRecord)?;
+        if record.generation != generation {
+            return Err(StorageError::Decode {
+                path,
+                reason: format!(
+                    "it holds the record of generation {}, not of generation {}: generation records were \
+                     renamed by hand",
+                    record.generation.0, generation.0
+                ),
+            });
+        }
+        Ok(Some(record))
+    }
+
+    /// Who started `generation`, for messages: its record's owner, or why that is unknown.
+    fn owner_of<F: Files>(fs: &F, generation: Generation) -> String {
+        match read_generation(fs, generation) {
+            Ok(Some(record)) => record.owner,
+            Ok(None) => "owner unknown: its record is gone".to_string(),
+            Err(e) => format!("owner unknown: {e}"),
+        }
+    }
+
+    /// [`StorageError::Superseded`] if a generation above `generation` has a record.
+    fn superseded<F: Files>(fs: &F, generation: Generation) -> Result<Option<StorageError>, StorageError> {
+        Ok(match generation_names(fs)?.last() {
+            Some(&newer) if newer > generation => {
+                Some(StorageError::Superseded { generation, newer, owner: owner_of(fs, newer) })
+            }
+            _ => None,
+        })
+    }
+
+    pub fn claim_generation<F: Files>(fs: &F, record: &GenerationRecord) -> Result<(), StorageError> {
+        let generation = record.generation;
+        if let Some(err) = superseded(fs, generation)? {
+            return Err(err);
+        }
+        let rel = generation_path(generation);
+        if !fs.put_new(&rel, &encode_record(FileKind::GenerationRecord, record))? {
+            return Err(StorageError::GenerationTaken { generation, owner: owner_of(fs, generation) });
+        }
+        // A newer generation claimed between the check and the create: this coordinator lost. Its
+        // record would fence, from its (older) restore point up, checkpoints that the newer generation
+        // may have restored; nothing was committed under it, so it goes.
+        if let Some(err) = superseded(fs, generation)? {
+            fs.remove_file(&rel)?;
+            fs.sync_dir(GENERATIONS_DIR)?;
+            return Err(err);
+        }
+        Ok(())
+    }
+
+    pub fn generations<F: Files>(fs: &F) -> Result<Vec<GenerationRecord>, StorageError> {
+        let mut out = Vec::new();
+        for generation in generation_names(fs)? {
+            out.extend(read_generation(fs, generation)?);
+        }
+        Ok(out)
+    }
+
+    pub fn latest_generation<F: Files>(fs: &F) -> Result<Option<GenerationRecord>, StorageError> {
+        for generation in generation_names(fs)?.into_iter().rev() {
+            if let Some(record) = read_generation(fs, generation)? {
+                return Ok(Some(record));
+            }
+        }
+        Ok(None)
+    }
+
+    pub fn check_not_fenced<F: Files>(fs: &F, generation: Generation) -> Result<(), StorageError> {
+        match superseded(fs, generation)? {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+
+    /// The generation records as far as fencing needs them, read once per listing or verification:
+    /// each generation with its restore point, or the error that its record is damaged (its
+    /// generation is known from its name). Ascending by generation.
+    struct Fences {
+        records: Vec<(Generation, Result<Option<CheckpointId>, StorageError>)>,
+    }
+
+    impl Fences {
+        fn read<F: Files>(fs: &F) -> Result<Fences, StorageError> {
+            let mut records = Vec::new();
+            for generation in generation_names(fs)? {
+                match read_generation(fs, generation) {
+                    Ok(Some(record)) => records.push((generation, Ok(record.restored))),
+                    Ok(None) => {} // removed by gc since the listing
+                    Err(e) if e.is_corruption() => records.push((generation, Err(e))),
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(Fences { records })
+        }
+
+        /// Whether some record could fence a committed checkpoint `checkpoint` of an older generation
+        /// (a damaged record could fence anything): only then is the manifest's generation needed.
+        fn may_fence(&self, checkpoint: CheckpointId) -> bool {
+            self.records.iter().any(|(_, restored)| match restored {
+                Ok(restored) => restored.is_none_or(|r| r < checkpoint),
+                Err(_) => true,
+            })
+        }
+
+        /// The generation that fences the manifest of `checkpoint` written by `generation`: the
+        /// lowest `g2 > generation` whose record restored nothing or a checkpoint below `checkpoint`.
+        /// The damage of a record that might fence it, if no intact record does.
+        fn fenced_by(
+            &mut self,
+            checkpoint: CheckpointId,
+            generation: Generation,
+        ) -> Result<Option<Generation>, StorageError> {
+            let mut damaged = None;
+            for (i, (g2, restored)) in self.records.iter().enumerate() {
+                if *g2 <= generation {
+                    continue;
+                }
+                match restored {
+                    Ok(restored) if restored.is_none_or(|r| r < checkpoint) => return Ok(Some(*g2)),
+                    Ok(_) => {}
+                    Err(_) => {
+                        damaged.get_or_insert(i);
+                    }
+                }
+            }
+            match damaged {
+                Some(i) => Err(self.records.swap_remove(i).1.expect_err("a damaged record")),
+                None => Ok(None),
+            }
+        }
     }
 
     pub fn mark_finished<F: Files>(fs: &F, checkpoint: CheckpointId) -> Result<(), StorageError> {
@@ -562,6 +885,20 @@ mod tests {
             ["chk-12", "chk-0000000000000000000x", "chk-99999999999999999999", "chk--0000000000000000001", "notes", ""]
         {
             assert_eq!(parse_checkpoint_dir(junk), None, "{junk}");
+        }
+    }
+
+    #[test]
+    fn generation_record_names_roundtrip_and_junk_is_rejected() {
+        assert_eq!(generation_path(Generation(7)), "generations/gen-00000000000000000007");
+        for g in [0u64, 1, 42, u64::MAX] {
+            let path = generation_path(Generation(g));
+            let name = path.rsplit('/').next().unwrap();
+            assert_eq!(parse_generation_name(name), Some(Generation(g)));
+        }
+        let temp = temp_name("gen-00000000000000000007");
+        for junk in ["gen-7", "chk-00000000000000000007", "gen-0000000000000000000x", temp.as_str(), ""] {
+            assert_eq!(parse_generation_name(junk), None, "{junk}");
         }
     }
 

@@ -12,8 +12,8 @@
 
 use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};
 use cutline_storage::{
-    CheckpointListing, CheckpointStore, JobMeta, Manifest, RetryLimits, S3Config, S3Store, StorageError,
-    TaskStateHandle,
+    CheckpointListing, CheckpointStore, GenerationRecord, JobMeta, Manifest, RetryLimits, S3Config, S3Store,
+    StorageError, TaskStateHandle,
 };
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjectPath;
@@ -170,7 +170,7 @@ fn write(s: &dyn CheckpointStore, id: u64, op: &str, sub: u32, payload: &[u8]) -
 }
 
 fn listing(pairs: &[(u64, bool)]) -> Vec<CheckpointListing> {
-    pairs.iter().map(|&(id, complete)| CheckpointListing { id: CheckpointId(id), complete }).collect()
+    pairs.iter().map(|&(id, complete)| CheckpointListing { id: CheckpointId(id), complete, fenced: false }).collect()
 }
 
 fn manifest(id: u64, tasks: Vec<TaskStateHandle>) -> Manifest {
@@ -291,6 +291,144 @@ fn of_two_racing_committers_exactly_one_wins() {
             assert_eq!(&store.read_manifest(CheckpointId(id)).unwrap(), winners[0]);
         }
     }
+}
+
+// ---- generation records and fencing ------------------------------------------------------------
+
+fn record(generation: u64, restored: Option<u64>, owner: &str) -> GenerationRecord {
+    GenerationRecord {
+        job_fingerprint: "job-fingerprint".into(),
+        generation: Generation(generation),
+        restored: restored.map(CheckpointId),
+        created_unix_ms: 1_700_000_000_000 + generation,
+        owner: owner.into(),
+    }
+}
+
+fn commit_as(s: &dyn CheckpointStore, id: u64, generation: u64) {
+    let task = write(s, id, "op", 0, format!("{id} by generation {generation}").as_bytes());
+    let mut m = manifest(id, vec![task]);
+    m.generation = Generation(generation);
+    s.commit_manifest(&m).unwrap();
+}
+
+#[test]
+fn a_generation_is_claimed_once() {
+    let h = Harness::new("claim-once");
+    let s = h.s();
+    assert_eq!(s.latest_generation().unwrap(), None);
+    let first = record(1, None, "host-a/pid-1");
+    s.claim_generation(&first).unwrap();
+    assert_eq!(h.raw.files(), vec!["generations/gen-00000000000000000001".to_string()]);
+    for second in [first.clone(), record(1, Some(3), "host-b/pid-2")] {
+        match s.claim_generation(&second) {
+            Err(StorageError::GenerationTaken { generation, owner }) => {
+                assert_eq!((generation, owner.as_str()), (Generation(1), "host-a/pid-1"))
+            }
+            other => panic!("expected GenerationTaken, got {other:?}"),
+        }
+    }
+    assert_eq!(s.generations().unwrap(), vec![first]);
+    s.claim_generation(&record(3, None, "host-c")).unwrap();
+    assert!(matches!(
+        s.claim_generation(&record(2, None, "host-old")),
+        Err(StorageError::Superseded { generation: Generation(2), newer: Generation(3), .. })
+    ));
+    assert!(h.raw.get("generations/gen-00000000000000000002").is_none(), "a superseded claim writes nothing");
+    assert_eq!(s.latest_generation().unwrap().unwrap().owner, "host-c");
+    // A damaged record is corruption, as a damaged job.meta is.
+    h.raw.flip_byte("generations/gen-00000000000000000003", 3);
+    assert!(matches!(s.latest_generation(), Err(StorageError::BadMagic { .. })));
+}
+
+/// Two coordinators (two clients) claim the same generation at the same moment: the conditional
+/// create lets exactly one win, and the stored record is the winner's.
+#[test]
+fn of_two_racing_claims_exactly_one_wins() {
+    let h = Harness::new("claim-race");
+    let other = Arc::new(S3Store::open(h.config.clone()).unwrap());
+    let stores: [Arc<S3Store>; 2] = [h.store.clone(), other];
+    for generation in 1..=12u64 {
+        let barrier = Arc::new(Barrier::new(2));
+        let threads: Vec<_> = stores
+            .iter()
+            .enumerate()
+            .map(|(i, store)| {
+                let (store, barrier) = (store.clone(), barrier.clone());
+                let claim = record(generation, Some(generation), &format!("host-{i}/gen-{generation}"));
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let result = store.claim_generation(&claim);
+                    (claim, result)
+                })
+            })
+            .collect();
+        let results: Vec<(GenerationRecord, Result<(), StorageError>)> =
+            threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let winners: Vec<&GenerationRecord> = results.iter().filter(|(_, r)| r.is_ok()).map(|(c, _)| c).collect();
+        assert_eq!(winners.len(), 1, "generation {generation}: {results:?}");
+        for (_, r) in &results {
+            if let Err(e) = r {
+                assert!(
+                    matches!(e, StorageError::GenerationTaken { generation: g, owner }
+                        if *g == Generation(generation) && *owner == winners[0].owner),
+                    "{e}"
+                );
+            }
+        }
+        for store in &stores {
+            assert_eq!(store.latest_generation().unwrap().as_ref(), Some(winners[0]));
+        }
+    }
+}
+
+/// Generation 1 completes 5; generation 2 takes over from 5; the zombie generation 1 then commits 6:
+/// 6 is fenced (never restored, removed by gc), 5 stays the latest until generation 2 commits 7.
+#[test]
+fn a_zombie_commit_after_a_newer_generation_took_over_is_fenced() {
+    let h = Harness::new("zombie");
+    let zombie = S3Store::open(h.config.clone()).unwrap(); // the old coordinator's own client
+    zombie.claim_generation(&record(1, None, "old-host/pid-1")).unwrap();
+    commit_as(&zombie, 5, 1);
+    let s = h.s();
+    s.claim_generation(&record(2, Some(5), "new-host/pid-2")).unwrap();
+    zombie.check_not_fenced(Generation(1)).expect_err("superseded");
+    commit_as(&zombie, 6, 1); // it did not look
+    for store in [s, &zombie as &dyn CheckpointStore] {
+        assert_eq!(store.latest_complete().unwrap(), Some(CheckpointId(5)));
+        let listed = store.list_checkpoints().unwrap();
+        assert_eq!(
+            listed,
+            vec![
+                CheckpointListing { id: CheckpointId(5), complete: true, fenced: false },
+                CheckpointListing { id: CheckpointId(6), complete: false, fenced: true },
+            ]
+        );
+        match store.verify(CheckpointId(6)) {
+            Err(StorageError::Fenced { checkpoint, generation, by }) => {
+                assert_eq!((checkpoint, generation, by), (CheckpointId(6), Generation(1), Generation(2)))
+            }
+            other => panic!("expected Fenced, got {other:?}"),
+        }
+    }
+    match zombie.check_not_fenced(Generation(1)) {
+        Err(StorageError::Superseded { newer, owner, .. }) => {
+            assert_eq!((newer, owner.as_str()), (Generation(2), "new-host/pid-2"))
+        }
+        other => panic!("expected Superseded, got {other:?}"),
+    }
+    s.check_not_fenced(Generation(2)).unwrap();
+    // Even the zombie's own gc keeps generation 2's restore point and drops its fenced commit.
+    let report = zombie.gc(1, &[]).unwrap();
+    assert_eq!(report.removed_checkpoints, vec![CheckpointId(6)]);
+    s.verify(CheckpointId(5)).unwrap();
+    commit_as(s, 7, 2);
+    assert_eq!(s.latest_complete().unwrap(), Some(CheckpointId(7)));
+    s.verify(CheckpointId(7)).unwrap();
+    let report = s.gc(1, &[]).unwrap();
+    assert_eq!(report.removed_checkpoints, vec![CheckpointId(5)]);
+    assert_eq!(report.removed_generations, vec![], "the newest two records always stay");
+    assert_eq!(s.generations().unwrap().len(), 2);
 }
 
 #[test]
@@ -1038,6 +1176,23 @@ fn a_commit_whose_answer_was_lost_is_recognised_on_retry() {
     other.created_at_unix_ms += 1;
     assert!(matches!(store.commit_manifest(&other), Err(StorageError::ManifestExists(CheckpointId(1)))));
     assert!(matches!(store.commit_manifest(&m), Err(StorageError::ManifestExists(CheckpointId(1)))));
+}
+
+/// The server creates a generation record but the answer is lost: the retry meets the record, finds
+/// it byte for byte the one it sent, and reports the claim as done (not as `GenerationTaken`, which
+/// would stop the coordinator that does own the generation).
+#[test]
+fn a_claim_whose_answer_was_lost_is_recognised_on_retry() {
+    let real = server_config();
+    let proxy = Proxy::start(server_addr(&real));
+    let store = S3Store::open(config_at(proxy.addr, "lost-claim")).unwrap();
+    let mine = record(4, Some(2), "host-a/pid-1");
+    proxy.swallow_next_conditional_put.store(true, Ordering::SeqCst);
+    store.claim_generation(&mine).unwrap();
+    assert_eq!(proxy.swallowed.load(Ordering::SeqCst), 1, "the answer was swallowed");
+    assert_eq!(store.latest_generation().unwrap(), Some(mine.clone()));
+    assert!(matches!(store.claim_generation(&record(4, Some(2), "host-b")), Err(StorageError::GenerationTaken { .. })));
+    assert!(matches!(store.claim_generation(&mine), Err(StorageError::GenerationTaken { .. })));
 }
 
 #[test]

@@ -26,8 +26,8 @@ use crate::net::proto::{
 };
 use crate::net::wire::{self, Secret, WireError};
 use crate::runtime::{
-    job_id, load_checkpoint, run_on, spawn_tasks, Backend, Command, DeployError, Deployed, GenerationThreads,
-    JobControl, JobHandle, RtEvent, RunConfig, RunError, TaskReport,
+    host_name, job_id, load_checkpoint, run_on, spawn_tasks, Backend, Command, DeployError, Deployed,
+    GenerationThreads, JobControl, JobHandle, RtEvent, RunConfig, RunError, TaskReport,
 };
 use crate::state::RestoreIndex;
 use crossbeam_channel::{Receiver, Sender};
@@ -122,10 +122,6 @@ impl ClusterConfig {
 
 fn version() -> String {
     env!("CARGO_PKG_VERSION").to_string()
-}
-
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "?".into())
 }
 
 /// Start `graph` as the coordinator of a cluster on a background thread: workers join at

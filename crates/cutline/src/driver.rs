@@ -231,7 +231,22 @@ pub(crate) fn carry_out(
                     tasks,
                 );
                 let bytes = manifest.total_size_bytes();
-                match ctx.store.commit_manifest(&manifest) {
+                // Fencing: a coordinator of an older generation never commits once a newer one took
+                // over (and never tells its sinks to commit a manifest a newer generation fenced).
+                let fenced = |r: Result<(), StorageError>| match r {
+                    Err(e @ (StorageError::Superseded { .. } | StorageError::GenerationTaken { .. })) => {
+                        Err(RunError::Superseded(e.to_string()))
+                    }
+                    other => Ok(other),
+                };
+                let committed = match fenced(ctx.store.check_not_fenced(generation))? {
+                    Ok(()) => ctx.store.commit_manifest(&manifest),
+                    Err(e) => Err(e),
+                };
+                if committed.is_ok() {
+                    fenced(ctx.store.check_not_fenced(generation))?.ok();
+                }
+                match committed {
                     Ok(()) => {
                         ctx.stats.pending.insert(checkpoint, CheckpointSummary { bytes, ..summary });
                         plane.committed(checkpoint)?;

@@ -23,7 +23,7 @@ use cutline_core::barrier::CheckpointMode;
 use cutline_core::coordinator::{CheckpointConfig, Coordinator, Event, EPOCH_LEASE_BLOCK};
 use cutline_core::restart::{choose_restore, Candidate, RestartDecision, RestartStrategy, RestartTracker};
 use cutline_core::{CheckpointId, Generation, TaskId, TimeMs};
-use cutline_storage::{CheckpointStore, JobMeta, Manifest, StorageError, TaskStateHandle};
+use cutline_storage::{CheckpointStore, GenerationRecord, JobMeta, Manifest, StorageError, TaskStateHandle};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -135,6 +135,8 @@ pub enum RunError {
     Spawn(std::io::Error),
     #[error("{0} (a bug in cutline: please report it with the job that triggers it)")]
     Internal(String),
+    #[error("{0}")]
+    Superseded(String),
     #[error("the {what} file in {store} is damaged ({reason}): {advice}")]
     Damaged { what: &'static str, store: String, reason: String, advice: &'static str },
 }
@@ -260,6 +262,10 @@ impl TaskEnv for RtEnv {
 /// The short job id sinks put in their transaction names.
 pub(crate) fn job_id(fingerprint: &str) -> String {
     format!("{:016x}", crate::state::stable_hash(fingerprint))
+}
+
+pub(crate) fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "?".into())
 }
 
 fn unix_ms() -> u64 {
@@ -403,7 +409,17 @@ pub(crate) fn prepare_start(
     // Epochs: above the durable lease and above anything in storage, for the whole life of the job.
     let seen = store.max_checkpoint_id_seen()?.map(|c| c.0 + 1).unwrap_or(1);
     let mut first = CheckpointId(seen.max(meta.as_ref().map(|m| m.epoch_lease_end.0).unwrap_or(1)));
-    let mut generation = meta.as_ref().map(|m| m.generation).unwrap_or_default().next();
+    // The generation records decide (job.meta is a plain overwrite a stale coordinator may lower).
+    let latest_record = store.latest_generation().map_err(damaged(
+        "generation record",
+        "it fences older coordinators; restore it from a backup, or start the job on a fresh state directory",
+    ))?;
+    let mut generation = meta
+        .as_ref()
+        .map(|m| m.generation)
+        .unwrap_or_default()
+        .max(latest_record.map(|r| r.generation).unwrap_or_default())
+        .next();
     // A run that may start from a savepoint continues its epochs and generations: the restored
     // checkpoint must be older than every new epoch, and sink transactions of the job the savepoint
     // came from must never share a name with new ones.
@@ -653,6 +669,31 @@ pub(crate) fn run_on(
             }
             Err(e) => return Err(e),
         };
+        // Establish this generation (create-if-absent): a second coordinator of the job stops here,
+        // and manifests older generations complete from now on above `restored` are fenced.
+        let record = GenerationRecord {
+            job_fingerprint: cfg.job_fingerprint.clone(),
+            generation,
+            restored: restored.filter(|_| index.savepoint.is_none()),
+            created_unix_ms: unix_ms(),
+            owner: format!("{} pid {}", host_name(), std::process::id()),
+        };
+        match store.claim_generation(&record) {
+            Ok(()) => {}
+            Err(e @ (StorageError::GenerationTaken { .. } | StorageError::Superseded { .. })) => {
+                return Err(RunError::Superseded(e.to_string()))
+            }
+            Err(e) => {
+                failed_at.get_or_insert_with(Instant::now);
+                let current = coordinator.as_ref().map(|c| c.config().clone()).unwrap_or(cfg.checkpoint.clone());
+                let reason = format!("recording {generation}: {e}");
+                if !after_failure(&cfg, &mut tracker, started, reason, &mut report, commands, &current)? {
+                    return Ok(stopped(report, coordinator.as_ref(), &mut stats, started));
+                }
+                generation = next_generation(&*store, &cfg.job_fingerprint, generation, lease_end)?;
+                continue;
+            }
+        }
         if coordinator.is_none() {
             report.restored_from = restored;
         }

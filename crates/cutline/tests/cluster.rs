@@ -385,3 +385,49 @@ fn a_cluster_without_a_secret_is_refused_with_advice() {
     assert!(err.contains("--secret-file") && err.contains("urandom"), "{err}");
     let _ = Path::new("");
 }
+
+/// Checkpoints on a real S3-compatible server (started by `scripts/test`): a worker and the
+/// coordinator are SIGKILLed mid-run, the restarted coordinator finds the latest complete checkpoint
+/// in the bucket, and the output is exact.
+#[cfg(feature = "s3")]
+#[test]
+fn checkpoints_on_s3_survive_a_killed_worker_and_a_killed_coordinator() {
+    let endpoint = std::env::var("CUTLINE_S3_ENDPOINT")
+        .expect("CUTLINE_S3_ENDPOINT is not set: run the tests through scripts/test, which starts an S3 server");
+    let bucket = std::env::var("CUTLINE_S3_BUCKET").unwrap_or_else(|_| "cutline-test".into());
+    let mut s = Scratch::new("s3", seed(), 30_000, 300);
+    let url = format!("s3://{bucket}/cluster-{}-{}", std::process::id(), seed());
+    {
+        let mut c = Cluster::start(
+            &s,
+            2,
+            &[
+                "--parallelism",
+                "2",
+                "--checkpoint-interval",
+                "50ms",
+                "--line-delay-us",
+                "200",
+                "--checkpoint-store",
+                &url,
+            ],
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while log_text(&s, "coordinator").matches(" complete in ").count() < 3 {
+            assert!(Instant::now() < deadline, "no checkpoints on {endpoint}; logs in {}", s.dir.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        signal(&c.workers[0], "-KILL");
+        c.workers[0].wait().unwrap();
+        c.workers[0] = c.start_worker(0);
+        std::thread::sleep(Duration::from_millis(700));
+        signal(&c.coordinator, "-KILL");
+        c.coordinator.wait().unwrap();
+        c.restart_coordinator();
+        let st = c.wait(Duration::from_secs(90));
+        assert!(st.success(), "the job failed: {st}; logs in {}", s.dir.display());
+        let log = log_text(&s, "coordinator");
+        assert!(log.contains(": restoring checkpoint"), "the restarted coordinator restored nothing: {log}");
+    }
+    s.check_output("checkpoints on S3");
+}

@@ -1,7 +1,7 @@
 //! Failure injection: a failed operation leaves the wrapped store exactly as it was.
 
 use super::{manifest, Harness};
-use crate::{CheckpointStore, FaultyStore, JobMeta, MemStore, StorageError, StoreOp};
+use crate::{CheckpointStore, FaultyStore, GenerationRecord, JobMeta, MemStore, StorageError, StoreOp};
 use cutline_core::{CheckpointId, Generation, OperatorId, SubtaskIndex};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,6 +52,7 @@ fn injected_failures_leave_the_inner_store_unchanged() {
             })
         }),
         (StoreOp::MarkFinished, |s| s.mark_finished(CheckpointId(1))),
+        (StoreOp::ClaimGeneration { generation: Generation(2) }, |s| s.claim_generation(&claim(2))),
     ];
     for (op, action) in actions {
         let faulty = FaultyStore::new(prepared(), move |asked| asked == op);
@@ -65,6 +66,28 @@ fn injected_failures_leave_the_inner_store_unchanged() {
         action(&inner).unwrap();
         assert_ne!(snapshot(&inner), before, "{op:?} should change the store");
     }
+}
+
+fn claim(generation: u64) -> GenerationRecord {
+    GenerationRecord {
+        job_fingerprint: "fp".into(),
+        generation: Generation(generation),
+        restored: Some(CheckpointId(1)),
+        created_unix_ms: 5,
+        owner: "drill".into(),
+    }
+}
+
+#[test]
+fn claim_failing_after_the_write_is_claimed_anyway() {
+    let faulty = FaultyStore::new(prepared(), |op| matches!(op, StoreOp::ClaimGenerationAfterWrite { .. }));
+    assert!(matches!(faulty.claim_generation(&claim(2)), Err(StorageError::Injected(_))));
+    // The caller could not tell, but the store knows: the generation is taken (by this very record).
+    assert_eq!(faulty.inner().latest_generation().unwrap(), Some(claim(2)));
+    assert!(matches!(
+        faulty.claim_generation(&claim(2)),
+        Err(StorageError::GenerationTaken { generation: Generation(2), .. })
+    ));
 }
 
 #[test]
@@ -94,6 +117,10 @@ fn policy_is_asked_about_write_like_ops_only() {
     faulty.mark_finished(CheckpointId(3)).unwrap();
     faulty.finished().unwrap();
     faulty.gc(1, &[]).unwrap();
+    faulty.claim_generation(&claim(4)).unwrap();
+    faulty.generations().unwrap();
+    faulty.latest_generation().unwrap();
+    faulty.check_not_fenced(Generation(4)).unwrap();
     let c = CheckpointId(3);
     assert_eq!(
         *seen.lock().unwrap(),
@@ -103,6 +130,8 @@ fn policy_is_asked_about_write_like_ops_only() {
             StoreOp::CommitManifestAfterWrite { checkpoint: c },
             StoreOp::MarkFinished,
             StoreOp::Gc,
+            StoreOp::ClaimGeneration { generation: Generation(4) },
+            StoreOp::ClaimGenerationAfterWrite { generation: Generation(4) },
         ]
     );
     assert!(faulty.describe().contains("injected"));

@@ -4,6 +4,7 @@
 
 mod faulty;
 mod gc;
+mod generations;
 mod local;
 mod scenarios;
 
@@ -68,6 +69,14 @@ impl Harness {
         [Harness::mem(), Harness::local()]
     }
 
+    /// An empty store of the same kind.
+    pub fn fresh(&self) -> Harness {
+        match self.name {
+            "mem" => Harness::mem(),
+            _ => Harness::local(),
+        }
+    }
+
     pub fn put_raw(&self, path: &str, bytes: &[u8]) {
         (self.put_raw)(path, bytes)
     }
@@ -114,7 +123,11 @@ fn walk(root: &Path, rel: &str, out: &mut Vec<String>) {
 }
 
 pub(crate) fn manifest(id: u64, tasks: Vec<TaskStateHandle>) -> Manifest {
-    Manifest::new("job-fingerprint", CheckpointId(id), Generation(1), 1_000 + id, false, tasks)
+    manifest_of_generation(id, 1, tasks)
+}
+
+pub(crate) fn manifest_of_generation(id: u64, generation: u64, tasks: Vec<TaskStateHandle>) -> Manifest {
+    Manifest::new("job-fingerprint", CheckpointId(id), Generation(generation), 1_000 + id, false, tasks)
 }
 
 pub(crate) fn dir_of(id: u64) -> String {

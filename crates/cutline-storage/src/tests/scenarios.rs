@@ -11,7 +11,7 @@ fn write(s: &dyn CheckpointStore, id: u64, op: &str, sub: u32, payload: &[u8]) -
 }
 
 fn listing(pairs: &[(u64, bool)]) -> Vec<CheckpointListing> {
-    pairs.iter().map(|&(id, complete)| CheckpointListing { id: CheckpointId(id), complete }).collect()
+    pairs.iter().map(|&(id, complete)| CheckpointListing { id: CheckpointId(id), complete, fenced: false }).collect()
 }
 
 fn write_commit_list_verify(h: &Harness) {

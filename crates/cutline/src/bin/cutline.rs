@@ -192,6 +192,12 @@ struct WordcountArgs {
     /// Print a line per checkpoint and failure.
     #[arg(long, short)]
     verbose: bool,
+    /// Put checkpoints here instead of in the state directory: `s3://BUCKET/PREFIX` on an
+    /// S3-compatible store (endpoint and credentials from CUTLINE_S3_ENDPOINT / AWS_* variables;
+    /// needs a build with `--features s3`), or another directory. The state directory keeps the admin
+    /// socket (and a cluster's secret).
+    #[arg(long, value_name = "URL")]
+    checkpoint_store: Option<String>,
     #[command(flatten)]
     cluster: ClusterArgs,
 }
@@ -498,6 +504,7 @@ fn wordcount_config(
     mode: &str,
     line_delay_us: u64,
     from_savepoint: Option<&Path>,
+    checkpoint_store: Option<&str>,
 ) -> Result<(cutline::JobGraph, RunConfig)> {
     let interval_ms = parse_interval(interval)?;
     let mode: CheckpointMode = mode.parse().map_err(anyhow::Error::msg)?;
@@ -545,9 +552,12 @@ fn wordcount_config(
     .build()?;
     check_writable_dir(output, "output")?;
     check_writable_dir(state, "state")?;
-    let store = Arc::new(
-        LocalDirStore::open(state).with_context(|| format!("cannot open state directory {}", state.display()))?,
-    );
+    let store: Arc<dyn CheckpointStore> = match checkpoint_store {
+        Some(url) => open_store(url).map_err(|e| anyhow::anyhow!("--checkpoint-store {url}: {e}"))?,
+        None => Arc::new(
+            LocalDirStore::open(state).with_context(|| format!("cannot open state directory {}", state.display()))?,
+        ),
+    };
     let mut cfg = RunConfig::new(store, fingerprint);
     cfg.checkpoint.interval_ms = interval_ms;
     cfg.checkpoint.mode = mode;
@@ -603,6 +613,7 @@ fn run_wordcount(a: &WordcountArgs) -> Result<()> {
         &a.mode,
         a.line_delay_us,
         a.from_savepoint.as_deref(),
+        a.checkpoint_store.as_deref(),
     )?;
     cfg.checkpoint = checkpoint;
     cfg.verbose = a.verbose;
@@ -637,7 +648,11 @@ fn run_wordcount(a: &WordcountArgs) -> Result<()> {
                     a.line_delay_us.to_string(),
                 ])
                 .collect();
-            let state = std::path::absolute(&a.state)?.display().to_string();
+            let state = match &a.checkpoint_store {
+                Some(url) if url.starts_with("s3://") => url.clone(),
+                Some(dir) => std::path::absolute(dir)?.display().to_string(),
+                None => std::path::absolute(&a.state)?.display().to_string(),
+            };
             let mut cluster =
                 ClusterConfig::new(listen, c.workers, read_secret(c.secret_file.as_deref())?, job_args, state);
             cluster.min_workers = c.min_workers;
@@ -1017,7 +1032,7 @@ fn demo(dir: Option<PathBuf>) -> Result<()> {
         }
     }
     println!("cutline demo: counting words of {} ({} bytes) into {}", input.display(), text.len(), output.display());
-    let (graph, mut cfg) = wordcount_config(&input, &output, &state, 2, "50ms", "exactly-once", 200, None)?;
+    let (graph, mut cfg) = wordcount_config(&input, &output, &state, 2, "50ms", "exactly-once", 200, None, None)?;
     cfg.verbose = true;
     cfg.batch_size = 64;
     // One injected crash: the first sink commit after the second completed checkpoint fails.

@@ -1,0 +1,685 @@
+//! Generation records (create-if-absent claims) and the fencing of checkpoints that an older
+//! generation commits after a newer one took over, run against every store. The fencing scenarios
+//! are tables of steps, each checked against explicit expectations and, after every step, the whole
+//! listing against a model of the rule.
+
+use super::{dir_of, manifest_of_generation, Harness};
+use crate::store::generation_path;
+use crate::{CheckpointListing, CheckpointStore, GenerationRecord, LocalDirStore, Manifest, StorageError};
+use cutline_core::{CheckpointId, Generation, OperatorId, SubtaskIndex};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Barrier};
+
+fn record(generation: u64, restored: Option<u64>, owner: &str) -> GenerationRecord {
+    GenerationRecord {
+        job_fingerprint: "job-fingerprint".into(),
+        generation: Generation(generation),
+        restored: restored.map(CheckpointId),
+        created_unix_ms: 1_700_000_000_000 + generation,
+        owner: owner.into(),
+    }
+}
+
+/// Writes one task file for checkpoint `id` and commits it as generation `generation`.
+fn commit(s: &dyn CheckpointStore, id: u64, generation: u64) -> Manifest {
+    let payload = format!("state of {id} by generation {generation}");
+    let task =
+        s.write_task_state(CheckpointId(id), &OperatorId::new("op"), SubtaskIndex(0), 1, None, payload.as_bytes());
+    let m = manifest_of_generation(id, generation, vec![task.unwrap()]);
+    s.commit_manifest(&m).unwrap();
+    m
+}
+
+// ---- fencing scenarios ------------------------------------------------------------------------------
+
+/// One step of a fencing scenario.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// Generation `.0` claims its record, having restored checkpoint `.1`.
+    Claim(u64, Option<u64>),
+    /// Generation `.1` commits checkpoint `.0`.
+    Commit(u64, u64),
+    /// `latest_complete` is this.
+    Latest(Option<u64>),
+    /// `verify(id)` passes.
+    Verifies(u64),
+    /// `verify(id)` is `Fenced`: written by `generation`, fenced by `by`.
+    Fenced { id: u64, generation: u64, by: u64 },
+    /// `check_not_fenced(.0)` passes.
+    NotSuperseded(u64),
+    /// `check_not_fenced(generation)` is `Superseded` by `newer`.
+    Superseded { generation: u64, newer: u64 },
+}
+use Step::*;
+
+struct Scenario {
+    name: &'static str,
+    steps: &'static [Step],
+}
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "a zombie's commit after a newer generation took over is fenced",
+        steps: &[
+            Claim(1, None),
+            Commit(5, 1),
+            Claim(2, Some(5)),
+            Commit(6, 1), // generation 1 is a zombie now
+            Latest(Some(5)),
+            Verifies(5),
+            Fenced { id: 6, generation: 1, by: 2 },
+            Superseded { generation: 1, newer: 2 },
+            NotSuperseded(2),
+            Commit(7, 2),
+            Latest(Some(7)),
+            Verifies(7),
+            Fenced { id: 6, generation: 1, by: 2 },
+        ],
+    },
+    Scenario {
+        name: "a generation's own manifests are not fenced by its own record",
+        steps: &[
+            Commit(5, 1),
+            Claim(2, Some(5)),
+            Commit(6, 2),
+            Commit(8, 2),
+            Latest(Some(8)),
+            Verifies(6),
+            Verifies(8),
+        ],
+    },
+    Scenario {
+        name: "the checkpoint a generation restored and those below it are not fenced",
+        steps: &[
+            Commit(5, 1),
+            Commit(6, 1),
+            Claim(2, Some(6)),
+            Latest(Some(6)),
+            Verifies(5),
+            Verifies(6),
+            Commit(7, 1),
+            Fenced { id: 7, generation: 1, by: 2 },
+            Latest(Some(6)),
+        ],
+    },
+    Scenario {
+        name: "a zombie's late commit below the restore point is not fenced (the rule looks above it)",
+        steps: &[Commit(5, 1), Claim(2, Some(5)), Commit(4, 1), Verifies(4), Latest(Some(5))],
+    },
+    Scenario {
+        name: "a record that restored nothing fences every manifest of an older generation",
+        steps: &[
+            Commit(3, 1),
+            Commit(4, 1),
+            Claim(2, None),
+            Latest(None),
+            Fenced { id: 3, generation: 1, by: 2 },
+            Fenced { id: 4, generation: 1, by: 2 },
+            Commit(5, 2),
+            Latest(Some(5)),
+            Verifies(5),
+        ],
+    },
+    Scenario {
+        name: "a record that restored nothing fences nothing of its own or newer generations",
+        steps: &[Claim(1, None), Commit(3, 2), Commit(4, 2), Commit(6, 1), Latest(Some(6)), Verifies(3), Verifies(6)],
+    },
+    Scenario {
+        name: "fenced by the first generation that took over; zombies of zombies too",
+        steps: &[
+            Commit(5, 1),
+            Claim(2, Some(5)),
+            Claim(3, Some(5)),
+            Commit(6, 1),
+            Fenced { id: 6, generation: 1, by: 2 },
+            Commit(8, 2), // generation 2 is a zombie of generation 3
+            Fenced { id: 8, generation: 2, by: 3 },
+            Superseded { generation: 2, newer: 3 },
+            Superseded { generation: 1, newer: 3 },
+            Latest(Some(5)),
+            Commit(9, 3),
+            Latest(Some(9)),
+            NotSuperseded(3),
+        ],
+    },
+    Scenario {
+        name: "a newer generation's restore point does not unfence what an older record fenced",
+        steps: &[
+            Commit(5, 1),
+            Claim(2, Some(5)),
+            Commit(6, 2),
+            Claim(3, Some(6)),
+            Commit(7, 1), // above 5 and 6: fenced by 2 already
+            Fenced { id: 7, generation: 1, by: 2 },
+            Commit(8, 2),
+            Fenced { id: 8, generation: 2, by: 3 },
+            Latest(Some(6)),
+        ],
+    },
+    Scenario {
+        name: "without generation records nothing is fenced",
+        steps: &[Commit(5, 1), Commit(6, 3), Commit(7, 2), Latest(Some(7)), Verifies(7), NotSuperseded(1)],
+    },
+];
+
+/// The fencing rule, as the brief states it, over the model's commits and records.
+fn model_listing(commits: &BTreeMap<u64, u64>, records: &BTreeMap<u64, Option<u64>>) -> Vec<CheckpointListing> {
+    commits
+        .iter()
+        .map(|(&c, &g)| {
+            let fenced = records.iter().any(|(&g2, &restored)| g2 > g && restored.is_none_or(|r| r < c));
+            CheckpointListing { id: CheckpointId(c), complete: !fenced, fenced }
+        })
+        .collect()
+}
+
+fn run_scenario(h: &Harness, scenario: &Scenario) {
+    let s = &*h.store;
+    let at = |i: usize, step: &Step| format!("{}: {}: step {i} {step:?}", h.name, scenario.name);
+    let mut commits = BTreeMap::new();
+    let mut records = BTreeMap::new();
+    for (i, step) in scenario.steps.iter().enumerate() {
+        match *step {
+            Claim(generation, restored) => {
+                s.claim_generation(&record(generation, restored, &format!("host-a/pid-{generation}"))).unwrap();
+                records.insert(generation, restored);
+            }
+            Commit(id, generation) => {
+                commit(s, id, generation);
+                commits.insert(id, generation);
+            }
+            Latest(id) => assert_eq!(s.latest_complete().unwrap(), id.map(CheckpointId), "{}", at(i, step)),
+            Verifies(id) => {
+                let m = s.verify(CheckpointId(id)).unwrap_or_else(|e| panic!("{}: {e}", at(i, step)));
+                assert_eq!(m.generation, Generation(commits[&id]));
+            }
+            Fenced { id, generation, by } => {
+                let err = s.verify(CheckpointId(id)).unwrap_err();
+                let expected = (CheckpointId(id), Generation(generation), Generation(by));
+                match &err {
+                    StorageError::Fenced { checkpoint, generation, by } => {
+                        assert_eq!((*checkpoint, *generation, *by), expected, "{}", at(i, step))
+                    }
+                    other => panic!("{}: expected Fenced, got {other}", at(i, step)),
+                }
+                assert_eq!(
+                    err.to_string(),
+                    format!(
+                        "checkpoint {id} was completed by generation {generation} after generation {by} took over; \
+                         it is ignored"
+                    )
+                );
+                assert!(!err.is_transient() && !err.is_corruption());
+                // Fenced is about restoring: the manifest itself is intact and readable.
+                assert_eq!(s.read_manifest(CheckpointId(id)).unwrap().generation, Generation(generation));
+            }
+            NotSuperseded(generation) => {
+                s.check_not_fenced(Generation(generation)).unwrap_or_else(|e| panic!("{}: {e}", at(i, step)))
+            }
+            Superseded { generation, newer } => match s.check_not_fenced(Generation(generation)) {
+                Err(StorageError::Superseded { generation: g, newer: n, owner }) => {
+                    assert_eq!((g, n), (Generation(generation), Generation(newer)), "{}", at(i, step));
+                    assert_eq!(owner, format!("host-a/pid-{newer}"), "{}", at(i, step));
+                }
+                other => panic!("{}: expected Superseded, got {other:?}", at(i, step)),
+            },
+        }
+        assert_eq!(s.list_checkpoints().unwrap(), model_listing(&commits, &records), "{}", at(i, step));
+        // New ids must stay above fenced ones too.
+        let max = commits.keys().last().map(|&id| CheckpointId(id));
+        assert_eq!(s.max_checkpoint_id_seen().unwrap(), max, "{}", at(i, step));
+    }
+}
+
+#[test]
+fn fencing_scenarios_on_every_store() {
+    for scenario in SCENARIOS {
+        for h in Harness::both() {
+            run_scenario(&h, scenario);
+        }
+    }
+}
+
+// ---- claims ------------------------------------------------------------------------------------
+
+fn claiming_a_generation_twice_is_refused(h: &Harness) {
+    let s = &*h.store;
+    assert_eq!(s.latest_generation().unwrap(), None);
+    assert_eq!(s.generations().unwrap(), vec![]);
+    let first = record(1, None, "host-a/pid-1");
+    s.claim_generation(&first).unwrap();
+    let before = h.snapshot();
+    for second in [first.clone(), record(1, Some(4), "host-b/pid-2")] {
+        let err = s.claim_generation(&second).unwrap_err();
+        match &err {
+            StorageError::GenerationTaken { generation, owner } => {
+                assert_eq!((*generation, owner.as_str()), (Generation(1), "host-a/pid-1"), "{}", h.name)
+            }
+            other => panic!("{}: expected GenerationTaken, got {other}", h.name),
+        }
+        let text = err.to_string();
+        assert!(text.contains("already started by another coordinator (host-a/pid-1)"), "{text}");
+        assert!(text.contains("do not run two coordinators for one job"), "{text}");
+        assert!(!err.is_transient() && !err.is_corruption());
+    }
+    assert_eq!(h.snapshot(), before, "{}: a refused claim changed the store", h.name);
+    assert_eq!(s.generations().unwrap(), vec![first.clone()]);
+    assert_eq!(s.latest_generation().unwrap(), Some(first.clone()));
+    // The record is a framed file where the layout says.
+    let raw = h.get_raw("generations/gen-00000000000000000001").expect("the record's file");
+    assert_eq!(&raw[..4], b"CUTL");
+    assert_eq!(u16::from_le_bytes([raw[6], raw[7]]), crate::FileKind::GenerationRecord as u16);
+    assert!(h.files().iter().all(|f| !f.ends_with(".tmp")), "{:?}", h.files());
+
+    let later = record(3, Some(9), "host-c/pid-3");
+    s.claim_generation(&later).unwrap();
+    assert_eq!(s.generations().unwrap(), vec![first, later.clone()]);
+    assert_eq!(s.latest_generation().unwrap(), Some(later));
+}
+
+fn claiming_below_the_latest_generation_is_superseded(h: &Harness) {
+    let s = &*h.store;
+    s.claim_generation(&record(5, None, "host-new")).unwrap();
+    let before = h.snapshot();
+    for (generation, restored) in [(4, Some(1)), (2, None), (5, None)] {
+        let err = s.claim_generation(&record(generation, restored, "host-old")).unwrap_err();
+        if generation == 5 {
+            assert!(matches!(err, StorageError::GenerationTaken { .. }), "{err}");
+            continue;
+        }
+        match &err {
+            StorageError::Superseded { generation: g, newer, owner } => {
+                assert_eq!((*g, *newer, owner.as_str()), (Generation(generation), Generation(5), "host-new"))
+            }
+            other => panic!("{}: expected Superseded, got {other}", h.name),
+        }
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "a newer coordinator (generation 5, owner host-new) took over this job: this one (generation \
+                 {generation}) stops"
+            )
+        );
+    }
+    assert_eq!(h.snapshot(), before, "{}: no record of an older generation may be written", h.name);
+    s.check_not_fenced(Generation(5)).unwrap();
+    s.check_not_fenced(Generation(6)).unwrap();
+}
+
+fn check_not_fenced_with_no_records_passes(h: &Harness) {
+    let s = &*h.store;
+    s.check_not_fenced(Generation(0)).unwrap();
+    s.check_not_fenced(Generation(7)).unwrap();
+    commit(s, 1, 1);
+    s.check_not_fenced(Generation(1)).unwrap();
+}
+
+/// A crash while claiming leaves a temporary file under `generations/`: not a claim.
+fn temporary_record_left_by_a_crash_is_not_a_claim(h: &Harness) {
+    let s = &*h.store;
+    let leftover = format!("generations/.gen-{:020}.4242-0.tmp", 2);
+    h.put_raw(&leftover, &crate::format::encode_record(crate::FileKind::GenerationRecord, &record(2, None, "x")));
+    assert_eq!(s.generations().unwrap(), vec![]);
+    assert_eq!(s.latest_generation().unwrap(), None);
+    s.check_not_fenced(Generation(1)).unwrap();
+    s.claim_generation(&record(2, Some(1), "y")).unwrap();
+    assert_eq!(s.latest_generation().unwrap(), Some(record(2, Some(1), "y")));
+}
+
+#[test]
+fn claiming_a_generation_twice_is_refused_on_every_store() {
+    Harness::both().iter().for_each(claiming_a_generation_twice_is_refused);
+}
+
+#[test]
+fn claiming_below_the_latest_generation_is_superseded_on_every_store() {
+    Harness::both().iter().for_each(claiming_below_the_latest_generation_is_superseded);
+}
+
+#[test]
+fn check_not_fenced_with_no_records_passes_on_every_store() {
+    Harness::both().iter().for_each(check_not_fenced_with_no_records_passes);
+}
+
+#[test]
+fn temporary_record_left_by_a_crash_is_not_a_claim_on_every_store() {
+    Harness::both().iter().for_each(temporary_record_left_by_a_crash_is_not_a_claim);
+}
+
+/// Runs `claims` at once from one thread each (after a barrier), each through its own store.
+fn race<S: CheckpointStore + 'static>(
+    stores: Vec<Arc<S>>,
+    claims: Vec<GenerationRecord>,
+) -> Vec<(GenerationRecord, Result<(), StorageError>)> {
+    let barrier = Arc::new(Barrier::new(claims.len()));
+    let threads: Vec<_> = stores
+        .into_iter()
+        .zip(claims)
+        .map(|(store, claim)| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                let result = store.claim_generation(&claim);
+                (claim, result)
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+/// Two coordinators (two stores on one directory, as two processes would have) claim the same
+/// generation at the same moment: exactly one wins, the other is told who did, and the stored record
+/// is the winner's, whole.
+#[test]
+fn of_two_racing_claims_of_one_generation_exactly_one_wins_on_a_local_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = [LocalDirStore::open(dir.path()).unwrap(), LocalDirStore::open(dir.path()).unwrap()].map(Arc::new);
+    for generation in 1..=50u64 {
+        let claims = vec![
+            record(generation, Some(generation), &format!("host-a/{generation}")),
+            record(generation, Some(generation), &format!("host-b/{generation}")),
+        ];
+        let results = race(stores.to_vec(), claims);
+        let winners: Vec<&GenerationRecord> = results.iter().filter(|(_, r)| r.is_ok()).map(|(c, _)| c).collect();
+        assert_eq!(winners.len(), 1, "generation {generation}: {results:?}");
+        for (_, result) in &results {
+            if let Err(e) = result {
+                assert!(
+                    matches!(e, StorageError::GenerationTaken { generation: g, owner }
+                        if *g == Generation(generation) && owner == &winners[0].owner),
+                    "generation {generation}: {e}"
+                );
+            }
+        }
+        for store in &stores {
+            assert_eq!(store.latest_generation().unwrap().as_ref(), Some(winners[0]));
+        }
+    }
+    let names: Vec<String> = std::fs::read_dir(dir.path().join("generations"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), 50, "no temporary file is left behind: {names:?}");
+}
+
+#[test]
+fn of_two_racing_claims_of_one_generation_exactly_one_wins_in_memory() {
+    let store = Arc::new(crate::MemStore::new());
+    for generation in 1..=50u64 {
+        let claims = vec![record(generation, None, "a"), record(generation, None, "b")];
+        let results = race(vec![store.clone(), store.clone()], claims);
+        assert_eq!(results.iter().filter(|(_, r)| r.is_ok()).count(), 1, "{results:?}");
+    }
+}
+
+/// A coordinator claims generation g while another claims g + 1: the newer always wins; the older
+/// either finished its claim before the newer one looked, or is superseded and leaves no record.
+#[test]
+fn a_claim_racing_a_newer_generation_loses_without_a_trace_on_a_local_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores = [LocalDirStore::open(dir.path()).unwrap(), LocalDirStore::open(dir.path()).unwrap()].map(Arc::new);
+    let mut superseded = 0;
+    for round in 0..50u64 {
+        let (older, newer) = (2 * round + 1, 2 * round + 2);
+        let claims = vec![record(older, Some(1), "older"), record(newer, Some(2), "newer")];
+        let results = race(stores.to_vec(), claims);
+        results[1].1.as_ref().unwrap_or_else(|e| panic!("round {round}: the newer claim failed: {e}"));
+        let older_file = dir.path().join(generation_path(Generation(older)));
+        match &results[0].1 {
+            Ok(()) => assert!(older_file.exists()),
+            Err(StorageError::Superseded { newer: n, .. }) => {
+                assert_eq!(*n, Generation(newer));
+                assert!(!older_file.exists(), "round {round}: a superseded claim left its record");
+                superseded += 1;
+            }
+            Err(e) => panic!("round {round}: {e}"),
+        }
+        assert_eq!(stores[0].latest_generation().unwrap().unwrap().generation, Generation(newer));
+    }
+    eprintln!("{superseded} of 50 older claims were superseded");
+}
+
+// ---- damage ------------------------------------------------------------------------------------
+
+/// Generation 1 committed 3, generation 2 restored 3 and committed 4; then one record is damaged.
+/// Explicit reads of a damaged record fail as corruption (like a damaged `job.meta`); fencing fails
+/// only where the damaged record could decide it; a claim of its generation is still refused.
+fn damaged_generation_record_is_corruption(h: &Harness) {
+    type Damage = fn(&Harness, &str);
+    type Expect = fn(&StorageError) -> bool;
+    let cases: Vec<(&str, Damage, Expect)> = vec![
+        ("flip in magic", |h, p| h.flip_byte(p, 3), |e| matches!(e, StorageError::BadMagic { .. })),
+        ("flip in payload", |h, p| h.flip_byte(p, 20), |e| matches!(e, StorageError::ChecksumMismatch { .. })),
+        (
+            "truncated",
+            |h, p| {
+                let bytes = h.get_raw(p).unwrap();
+                h.put_raw(p, &bytes[..bytes.len() - 1])
+            },
+            |e| matches!(e, StorageError::Truncated { .. }),
+        ),
+        (
+            "the record of another generation",
+            |h, p| {
+                let other = crate::format::encode_record(crate::FileKind::GenerationRecord, &record(9, None, "x"));
+                h.put_raw(p, &other)
+            },
+            |e| matches!(e, StorageError::Decode { reason, .. } if reason.contains("generation 9")),
+        ),
+        (
+            "a manifest in its place",
+            |h, p| {
+                let m = h.get_raw(&format!("{}/_MANIFEST", dir_of(4))).unwrap();
+                h.put_raw(p, &m)
+            },
+            |e| matches!(e, StorageError::WrongKind { .. }),
+        ),
+    ];
+    for (what, damage, expect) in cases {
+        for damaged in [1u64, 2] {
+            let h = h.fresh();
+            let s = &*h.store;
+            s.claim_generation(&record(1, None, "host-1")).unwrap();
+            commit(s, 3, 1);
+            s.claim_generation(&record(2, Some(3), "host-2")).unwrap();
+            commit(s, 4, 2);
+            let path = format!("generations/gen-{damaged:020}");
+            damage(&h, &path);
+            let case = format!("{}: {what} in the record of generation {damaged}", h.name);
+
+            let err = s.generations().unwrap_err();
+            assert!(expect(&err) && err.is_corruption(), "{case}: generations: {err}");
+            assert!(err.to_string().contains(&path), "{case}: the message names the file: {err}");
+            if damaged == 2 {
+                let err = s.latest_generation().unwrap_err();
+                assert!(expect(&err) && err.is_corruption(), "{case}: latest_generation: {err}");
+                // The manifest of generation 1 could be fenced by the damaged record: undecidable.
+                let err = s.list_checkpoints().unwrap_err();
+                assert!(expect(&err), "{case}: list_checkpoints: {err}");
+                assert!(expect(&s.verify(CheckpointId(3)).unwrap_err()), "{case}: verify 3");
+                // Still superseded: the record's name says so.
+                match s.check_not_fenced(Generation(1)) {
+                    Err(StorageError::Superseded { newer, owner, .. }) => {
+                        assert_eq!(newer, Generation(2));
+                        assert!(owner.starts_with("owner unknown"), "{case}: {owner}");
+                    }
+                    other => panic!("{case}: expected Superseded, got {other:?}"),
+                }
+            } else {
+                assert_eq!(s.latest_generation().unwrap().unwrap().owner, "host-2", "{case}");
+                // A record of generation 1 can fence no manifest: generations 1 and 2 wrote them.
+                let listed: Vec<(u64, bool)> =
+                    s.list_checkpoints().unwrap().iter().map(|l| (l.id.0, l.complete)).collect();
+                assert_eq!(listed, vec![(3, true), (4, true)], "{case}");
+                s.verify(CheckpointId(3)).unwrap();
+            }
+            s.verify(CheckpointId(4)).unwrap(); // only records above generation 2 could fence it
+            s.check_not_fenced(Generation(2)).unwrap();
+            match (damaged, s.claim_generation(&record(damaged, None, "again"))) {
+                // A damaged record still holds its generation.
+                (2, Err(StorageError::GenerationTaken { owner, .. })) => {
+                    assert!(owner.starts_with("owner unknown"), "{case}: {owner}")
+                }
+                (1, Err(StorageError::Superseded { newer: Generation(2), .. })) => {}
+                (_, other) => panic!("{case}: claim again: {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn damaged_generation_record_is_corruption_on_every_store() {
+    Harness::both().iter().for_each(damaged_generation_record_is_corruption);
+}
+
+// ---- retention -----------------------------------------------------------------------------------
+
+/// A gc case: generation records (generation, restored), commits (checkpoint, generation), what is
+/// retained, and what must remain.
+struct GcCase {
+    name: &'static str,
+    records: &'static [(u64, Option<u64>)],
+    commits: &'static [(u64, u64)],
+    retain: usize,
+    /// What gc is told is in flight.
+    in_flight: &'static [u64],
+    /// Complete checkpoints after gc.
+    checkpoints_after: &'static [u64],
+    /// Generation records after gc.
+    generations_after: &'static [u64],
+    /// Damage the manifest of this checkpoint before gc.
+    damage_manifest: Option<u64>,
+}
+
+const GC_CASES: &[GcCase] = &[
+    GcCase {
+        name: "records below the oldest retained manifest's generation go",
+        records: &[(1, None), (2, None), (3, None), (4, Some(10)), (5, Some(11))],
+        commits: &[(10, 3), (11, 4), (12, 5)],
+        retain: 2,
+        in_flight: &[],
+        checkpoints_after: &[11, 12],
+        generations_after: &[4, 5],
+        damage_manifest: None,
+    },
+    GcCase {
+        name: "a record that can still fence a retained manifest stays",
+        records: &[(1, None), (2, None), (3, None), (4, Some(10)), (5, Some(11))],
+        commits: &[(10, 3), (11, 4), (12, 5)],
+        retain: 3,
+        in_flight: &[],
+        checkpoints_after: &[10, 11, 12],
+        generations_after: &[3, 4, 5],
+        damage_manifest: None,
+    },
+    GcCase {
+        name: "the newest two records always stay",
+        records: &[(1, None), (2, None), (3, Some(10)), (4, Some(11)), (5, Some(11))],
+        commits: &[(10, 2), (11, 3), (12, 5), (13, 5)],
+        retain: 2,
+        in_flight: &[],
+        checkpoints_after: &[12, 13],
+        generations_after: &[4, 5],
+        damage_manifest: None,
+    },
+    GcCase {
+        name: "the only record stays",
+        records: &[(1, None)],
+        commits: &[(10, 1), (11, 1)],
+        retain: 1,
+        in_flight: &[],
+        checkpoints_after: &[11],
+        generations_after: &[1],
+        damage_manifest: None,
+    },
+    GcCase {
+        name: "retained manifests of the oldest generation keep every record",
+        records: &[(1, None), (2, Some(10)), (3, Some(10)), (4, Some(10))],
+        commits: &[(10, 1)],
+        retain: 1,
+        in_flight: &[],
+        checkpoints_after: &[10],
+        generations_after: &[1, 2, 3, 4],
+        damage_manifest: None,
+    },
+    GcCase {
+        name: "a zombie's fenced checkpoint does not count towards retention and is removed",
+        records: &[(1, None), (2, Some(5))],
+        commits: &[(4, 1), (5, 1), (6, 1), (7, 1)],
+        retain: 1,
+        in_flight: &[7], // the zombie still thinks of it as its attempt: it has a manifest, it goes
+        checkpoints_after: &[5],
+        generations_after: &[1, 2],
+        damage_manifest: None,
+    },
+    GcCase {
+        name: "an unreadable retained manifest keeps every record",
+        records: &[(1, None), (2, None), (3, None), (4, Some(11))],
+        commits: &[(10, 3), (11, 4), (12, 4)],
+        retain: 2,
+        in_flight: &[],
+        checkpoints_after: &[11, 12],
+        generations_after: &[1, 2, 3, 4],
+        damage_manifest: Some(12),
+    },
+];
+
+fn gc_removes_only_records_that_can_fence_nothing_stored(h: &Harness, case: &GcCase) {
+    let s = &*h.store;
+    let what = format!("{}: {}", h.name, case.name);
+    for &(generation, restored) in case.records {
+        s.claim_generation(&record(generation, restored, "host")).unwrap();
+    }
+    for &(id, generation) in case.commits {
+        commit(s, id, generation);
+    }
+    if let Some(id) = case.damage_manifest {
+        h.flip_byte(&format!("{}/_MANIFEST", dir_of(id)), 20);
+    }
+    let fenced_before: Vec<u64> = s.list_checkpoints().unwrap().iter().filter(|l| l.fenced).map(|l| l.id.0).collect();
+    let in_flight: Vec<CheckpointId> = case.in_flight.iter().map(|&id| CheckpointId(id)).collect();
+    let report = s.gc(case.retain, &in_flight).unwrap();
+    let complete: Vec<u64> = s.list_checkpoints().unwrap().iter().filter(|l| l.complete).map(|l| l.id.0).collect();
+    assert_eq!(complete, case.checkpoints_after, "{what}: checkpoints");
+    let generations: Vec<u64> = s.generations().unwrap().iter().map(|r| r.generation.0).collect();
+    assert_eq!(generations, case.generations_after, "{what}: generation records");
+    let removed: Vec<u64> = report.removed_generations.iter().map(|g| g.0).collect();
+    let expected: Vec<u64> = case.records.iter().map(|r| r.0).filter(|g| !case.generations_after.contains(g)).collect();
+    assert_eq!(removed, expected, "{what}: the report");
+    for id in fenced_before {
+        assert!(report.removed_checkpoints.contains(&CheckpointId(id)), "{what}: fenced {id} stayed");
+        assert!(h.files().iter().all(|f| !f.starts_with(&dir_of(id))), "{what}: files of fenced {id} stayed");
+    }
+    for &id in case.checkpoints_after {
+        if Some(id) != case.damage_manifest {
+            s.verify(CheckpointId(id)).unwrap_or_else(|e| panic!("{what}: {e}"));
+        }
+    }
+    // Idempotent.
+    let again = s.gc(case.retain, &in_flight).unwrap();
+    assert_eq!((again.removed_files, again.removed_generations.len()), (0, 0), "{what}: second gc");
+}
+
+#[test]
+fn gc_removes_only_records_that_can_fence_nothing_stored_on_every_store() {
+    for case in GC_CASES {
+        gc_removes_only_records_that_can_fence_nothing_stored(&Harness::mem(), case);
+        gc_removes_only_records_that_can_fence_nothing_stored(&Harness::local(), case);
+    }
+}
+
+/// The zombie runs gc itself after its fenced commit (it has not noticed yet): it must not remove the
+/// checkpoint that the newer generation restored, even with `retain = 1`.
+#[test]
+fn a_zombie_gc_keeps_the_newer_generation_restore_point() {
+    for h in Harness::both() {
+        let s = &*h.store;
+        commit(s, 5, 1);
+        s.claim_generation(&record(2, Some(5), "new")).unwrap();
+        commit(s, 6, 1);
+        s.gc(1, &[]).unwrap();
+        assert_eq!(s.latest_complete().unwrap(), Some(CheckpointId(5)), "{}", h.name);
+        s.verify(CheckpointId(5)).unwrap();
+        assert_eq!(s.list_checkpoints().unwrap().len(), 1, "{}", h.name);
+    }
+}
