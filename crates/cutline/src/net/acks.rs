@@ -131,7 +131,7 @@ impl AckAggregator {
     /// One event from a local task or snapshot writer, at local time `now_ms`; messages ready to send
     /// are appended to `out`, in order.
     pub(crate) fn on_event(&mut self, now_ms: u64, ev: Event<AckReport>, out: &mut Vec<TaskEvent>) {
-        match ev {
+        let _changed: Option<CheckpointId> = match ev {
             Event::Acked { generation, checkpoint, task, report } => {
                 if generation != self.generation {
                     return;
@@ -156,9 +156,7 @@ impl AckAggregator {
                 self.forget_oldest(out);
                 // Only this group changed (and older ones lost their held acks): check it alone, so
                 // that a worker with many tasks does not pay for every group on every ack.
-                #[cfg(any(test, debug_assertions))]
-                self.check(Some(checkpoint));
-                return;
+                Some(checkpoint)
             }
             Event::Declined { generation, checkpoint, task, reason } => {
                 if generation != self.generation {
@@ -174,6 +172,7 @@ impl AckAggregator {
                     self.forget_oldest(out);
                 }
                 out.push(TaskEvent::Declined { generation, checkpoint, task, reason });
+                None
             }
             Event::TaskFailed { generation, task, reason } => {
                 if generation != self.generation {
@@ -181,6 +180,7 @@ impl AckAggregator {
                 }
                 self.flush_all(out);
                 out.push(TaskEvent::Failed { generation, task, reason });
+                None
             }
             Event::SourceFinished { generation, task } => {
                 if generation != self.generation {
@@ -188,6 +188,7 @@ impl AckAggregator {
                 }
                 self.flush_all(out);
                 out.push(TaskEvent::SourceFinished { generation, task });
+                None
             }
             Event::TaskFinished { generation, task } => {
                 if generation != self.generation {
@@ -199,18 +200,19 @@ impl AckAggregator {
                 );
                 self.flush_all(out);
                 out.push(TaskEvent::TaskFinished { generation, task });
-                if false && self.waiting.remove(&task) {
+                if self.waiting.remove(&task) {
                     for g in self.groups.values_mut() {
                         if g.answered.contains(&task) {
                             g.answered_waiting -= 1;
                         }
                     }
                 }
+                None
             }
             other => panic!("a worker's tasks do not produce {other:?}; only the coordinator's side does"),
-        }
+        };
         #[cfg(any(test, debug_assertions))]
-        self.check(None);
+        self.check(_changed);
     }
 
     /// Time passed: acks held for `max_hold_ms` or more are sent (with every older held ack before
