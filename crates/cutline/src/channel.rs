@@ -289,7 +289,7 @@ impl<T> Drop for Rx<T> {
 }
 
 /// Occupancy of one channel, for metrics.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChannelStats {
     /// "upstream#i->downstream#j".
     pub name: String,

@@ -175,12 +175,15 @@ enum Inbox {
 
 /// The current generation's event sink, shared with the connection readers (acks go straight in).
 type EventSink = Arc<Mutex<Option<(Generation, Sender<RtEvent>)>>>;
+/// The latest flow-control figures per task, from workers' heartbeats.
+type Reports = Arc<Mutex<HashMap<u32, TaskReport>>>;
 
 struct ClusterBackend {
     cluster: ClusterConfig,
     inbox: Receiver<Inbox>,
     workers: BTreeMap<u32, WorkerConn>,
     events: EventSink,
+    reports: Reports,
     /// Workers of the current generation, and which of them run sources.
     members: Vec<u32>,
     source_workers: Vec<u32>,
@@ -196,6 +199,7 @@ impl ClusterBackend {
     fn start(listener: TcpListener, secret: Secret, cluster: ClusterConfig, cfg: &RunConfig) -> Result<Self, RunError> {
         let (tx, inbox) = crossbeam_channel::unbounded();
         let events: EventSink = Default::default();
+        let reports: Reports = Default::default();
         let clock = Instant::now();
         let closing = Arc::new(AtomicBool::new(false));
         let settings = WorkerSettings {
@@ -214,10 +218,10 @@ impl ClusterBackend {
             state: cluster.state.clone(),
             settings,
         });
-        let (ev, max, closing2) = (events.clone(), cluster.max_frame_bytes, closing.clone());
+        let (ev, rep, max, closing2) = (events.clone(), reports.clone(), cluster.max_frame_bytes, closing.clone());
         std::thread::Builder::new()
             .name("cutline-accept".into())
-            .spawn(move || accept_workers(listener, secret, job, tx, ev, clock, max, closing2))
+            .spawn(move || accept_workers(listener, secret, job, tx, ev, rep, clock, max, closing2))
             .map_err(RunError::Spawn)?;
         if cfg.verbose {
             eprintln!("cutline: coordinator waiting for {} worker(s) on {}", cluster.workers, cluster.listen);
@@ -227,6 +231,7 @@ impl ClusterBackend {
             inbox,
             workers: BTreeMap::new(),
             events,
+            reports,
             members: Vec::new(),
             source_workers: Vec::new(),
             generation: None,
@@ -362,6 +367,7 @@ fn accept_workers(
     job: Vec<u8>,
     inbox: Sender<Inbox>,
     events: EventSink,
+    reports: Reports,
     clock: Instant,
     max_frame_bytes: u32,
     closing: Arc<AtomicBool>,
@@ -416,7 +422,8 @@ fn accept_workers(
             }
         });
         // Reader.
-        let (inbox_r, events_r, heard) = (inbox.clone(), events.clone(), last_heard.clone());
+        let (inbox_r, events_r, heard, reports_r) =
+            (inbox.clone(), events.clone(), last_heard.clone(), reports.clone());
         let spawned_reader = std::thread::Builder::new().name(format!("cutline-from-worker-{id}")).spawn(move || {
             let mut r = BufReader::new(r);
             let mut buf = Vec::new();
@@ -431,7 +438,7 @@ fn accept_workers(
                 };
                 heard.store(clock.elapsed().as_millis() as u64, Ordering::SeqCst);
                 match m {
-                    ToCoordinator::Heartbeat => {}
+                    ToCoordinator::Heartbeat { tasks } => reports_r.lock().expect("reports").extend(tasks),
                     ToCoordinator::Events(evs) => {
                         let sink = events_r.lock().expect("event sink");
                         if let Some((g, tx)) = sink.as_ref() {
@@ -560,12 +567,21 @@ impl Backend for ClusterBackend {
     }
 
     fn task_reports(&self, names: &[String]) -> Vec<TaskReport> {
-        names.iter().map(|n| TaskReport { name: n.clone(), ..Default::default() }).collect()
+        let reports = self.reports.lock().expect("reports");
+        names
+            .iter()
+            .enumerate()
+            .map(|(t, n)| match reports.get(&(t as u32)) {
+                Some(r) => TaskReport { name: n.clone(), ..r.clone() },
+                None => TaskReport { name: n.clone(), ..Default::default() },
+            })
+            .collect()
     }
 
     fn teardown(&mut self) {
         let Some(generation) = self.generation.take() else { return };
         *self.events.lock().expect("event sink") = None;
+        self.reports.lock().expect("reports").clear();
         let f = frame(&ToWorker::Cancel { generation });
         let members = std::mem::take(&mut self.members);
         for w in &members {
@@ -745,6 +761,14 @@ struct LocalGeneration {
     links: Vec<Link>,
     events: Receiver<RtEvent>,
     acks: AckAggregator,
+    /// Per local task: id, name, flow-control counters and input probes (for heartbeats).
+    metrics: Vec<(TaskId, String, Arc<crate::runtime::TaskMetrics>, Vec<crate::channel::ChannelProbe>)>,
+}
+
+impl LocalGeneration {
+    fn reports(&self) -> Vec<(u32, TaskReport)> {
+        self.metrics.iter().map(|(t, name, m, p)| (t.0, crate::runtime::task_report(name, m, p))).collect()
+    }
 }
 
 impl LocalGeneration {
@@ -910,7 +934,8 @@ fn session(
         }
         if last_beat.elapsed() >= Duration::from_millis(settings.heartbeat_interval_ms) {
             last_beat = Instant::now();
-            if let Err(e) = send(&mut out, &ToCoordinator::Heartbeat) {
+            let tasks = current.as_ref().map(|g| g.reports()).unwrap_or_default();
+            if let Err(e) = send(&mut out, &ToCoordinator::Heartbeat { tasks }) {
                 break SessionEnd::Lost(e);
             }
         }
@@ -1018,11 +1043,12 @@ fn deploy_here(
         );
     }
     let local_tasks: Vec<TaskId> = placed.tasks.iter().map(|t| t.task.id).collect();
+    let names: Vec<String> = placed.tasks.iter().map(|t| t.task.name.clone()).collect();
     let (ev_tx, ev_rx) = crossbeam_channel::unbounded();
     let mut threads = GenerationThreads::default();
     // Task clocks follow the coordinator's (see `DeployMsg::now_ms`).
     let start = Instant::now().checked_sub(Duration::from_millis(d.now_ms)).unwrap_or_else(Instant::now);
-    spawn_tasks(
+    let spawned = spawn_tasks(
         &mut threads,
         graph,
         settings.snapshot_writers as usize,
@@ -1034,6 +1060,7 @@ fn deploy_here(
         ev_tx,
     )
     .map_err(|e| DeployError::Retry(e.to_string()))?;
+    let metrics = local_tasks.iter().zip(names).zip(spawned).map(|((t, n), (m, p))| (*t, n, m, p)).collect();
     if settings.verbose {
         eprintln!(
             "cutline: worker {me}: {generation} runs {} task(s), {} data link(s)",
@@ -1047,6 +1074,7 @@ fn deploy_here(
         links,
         events: ev_rx,
         acks: AckAggregator::new(generation, local_tasks, DEFAULT_MAX_ACK_HOLD_MS),
+        metrics,
     })
 }
 

@@ -414,15 +414,18 @@ mod tests {
     }
 
     /// The figures: `cargo test --release -p cutline --lib coordbench::tests::report -- --ignored --nocapture`
-    /// (`COORDBENCH_TASKS`, `COORDBENCH_CHECKPOINTS` to change the size).
+    /// (`COORDBENCH_TASKS`, `COORDBENCH_CHECKPOINTS`, `COORDBENCH_WORKERS=0,10,100` to change them).
     #[test]
     #[ignore]
     fn report() {
         let var = |k: &str, d: u32| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
         let tasks = var("COORDBENCH_TASKS", 10_000);
         let checkpoints = var("COORDBENCH_CHECKPOINTS", 200);
+        let workers: Vec<u32> = std::env::var("COORDBENCH_WORKERS")
+            .map(|v| v.split(',').map(|w| w.trim().parse().expect("COORDBENCH_WORKERS: numbers")).collect())
+            .unwrap_or_else(|_| vec![0, 10, 100]);
         println!("{}", CoordBenchResult::header());
-        for workers in [0, 10, 100] {
+        for workers in workers {
             println!("{}", coordinator_bench(&CoordBench { tasks, workers, checkpoints }));
         }
     }

@@ -471,7 +471,7 @@ pub struct JobMetrics {
 pub const METRICS_CHECKPOINTS: usize = 20;
 
 /// One task's flow-control figures since the current generation started.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct TaskReport {
     pub name: String,
     /// Time spent waiting because an output channel had no credit (backpressure).
@@ -1214,6 +1214,16 @@ pub(crate) fn spawn_tasks(
     Ok(out)
 }
 
+/// The flow-control figures of one running task.
+pub(crate) fn task_report(name: &str, m: &TaskMetrics, inputs: &[crate::channel::ChannelProbe]) -> TaskReport {
+    TaskReport {
+        name: name.to_string(),
+        backpressured_ms: m.backpressured_us.load(Ordering::Relaxed) / 1000,
+        idle_ms: m.idle_us.load(Ordering::Relaxed) / 1000,
+        inputs: inputs.iter().map(|p| p.stats()).collect(),
+    }
+}
+
 impl Backend for LocalBackend {
     fn deploy(
         &mut self,
@@ -1265,17 +1275,7 @@ impl Backend for LocalBackend {
     }
 
     fn task_reports(&self, names: &[String]) -> Vec<TaskReport> {
-        names
-            .iter()
-            .zip(&self.task_metrics)
-            .zip(&self.probes)
-            .map(|((name, m), p)| TaskReport {
-                name: name.clone(),
-                backpressured_ms: m.backpressured_us.load(Ordering::Relaxed) / 1000,
-                idle_ms: m.idle_us.load(Ordering::Relaxed) / 1000,
-                inputs: p.iter().map(|p| p.stats()).collect(),
-            })
-            .collect()
+        names.iter().zip(&self.task_metrics).zip(&self.probes).map(|((name, m), p)| task_report(name, m, p)).collect()
     }
 
     fn teardown(&mut self) {

@@ -371,6 +371,17 @@ fn peers_without_the_secret_and_garbage_bytes_are_refused_without_disturbing_the
             let mut sink = Vec::new();
             let _ = t.read_to_end(&mut sink); // the coordinator closes the connection
         }
+        // `cutline status` on the coordinator shows the workers' tasks and channels (from heartbeats).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let st = Command::new(BIN).args(["status", "--state"]).arg(s.path("state")).output().unwrap();
+            let text = String::from_utf8_lossy(&st.stdout).to_string();
+            if text.contains("lines#1->counts#0") && text.contains("counts#1  backpressured") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "status never showed the workers' tasks: {text}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let deadline = Instant::now() + Duration::from_secs(30);
         while intruder.try_wait().unwrap().is_none() {
             assert!(Instant::now() < deadline, "the intruder kept running");

@@ -226,9 +226,9 @@ impl AckAggregator {
             .map(|(c, _)| *c);
         if let Some(c) = due {
             self.flush_through(c, out);
+            #[cfg(any(test, debug_assertions))]
+            self.check(None);
         }
-        #[cfg(any(test, debug_assertions))]
-        self.check(None);
     }
 
     /// When [`AckAggregator::on_tick`] would next send something, if nothing else happens first.

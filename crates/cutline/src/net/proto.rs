@@ -142,7 +142,10 @@ pub(crate) enum ToCoordinator {
     Cancelled {
         generation: Generation,
     },
-    Heartbeat,
+    /// Alive, with the flow-control figures of its tasks (by task id) for the coordinator's metrics.
+    Heartbeat {
+        tasks: Vec<(u32, crate::runtime::TaskReport)>,
+    },
 }
 
 pub(crate) fn encode<M: Serialize>(m: &M) -> Vec<u8> {
