@@ -686,7 +686,7 @@ pub fn run_worker(cfg: WorkerConfig, build: &JobBuilder, open_store: &StoreOpene
     let mut gone_since: Option<Instant> = None;
     let mut job_cache: Option<(Vec<String>, JobGraph, String)> = None;
     loop {
-        let stream = match TcpStream::connect(&cfg.join) {
+        let stream = match connect(&cfg.join) {
             Ok(s) => s,
             Err(e) => {
                 let since = *gone_since.get_or_insert_with(Instant::now);
@@ -719,6 +719,21 @@ pub fn run_worker(cfg: WorkerConfig, build: &JobBuilder, open_store: &StoreOpene
             }
         }
     }
+}
+
+/// How long one attempt to reach the coordinator may take (a cut-off network drops packets silently).
+const CONNECT_TIMEOUT_MS: u64 = 2_000;
+
+fn connect(addr: &str) -> std::io::Result<TcpStream> {
+    use std::net::ToSocketAddrs;
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, format!("{addr} resolves to no address"));
+    for a in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&a, Duration::from_millis(CONNECT_TIMEOUT_MS)) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 fn accept_links(listener: TcpListener, secret: Secret, inbound: Inbound) {
@@ -866,10 +881,24 @@ fn session(
     let mut last_heard = Instant::now();
     let mut last_beat = Instant::now();
     let mut current: Option<LocalGeneration> = None;
+    let ctx = DeployCtx {
+        graph: graph.clone(),
+        fingerprint: fp.clone(),
+        store: store.clone(),
+        settings: settings.clone(),
+        me,
+        inbound: inbound.clone(),
+        secret: secret.clone(),
+    };
+    let mut deploying: Option<Deploying> = None;
+    let mut queued: Option<DeployMsg> = None;
+    let mut cancel_after_deploy: Option<Generation> = None;
     let end = loop {
         let tick = Duration::from_millis(5);
         let never = crossbeam_channel::never();
         let ev_rx = current.as_ref().map(|g| &g.events).unwrap_or(&never);
+        let never_deploy = crossbeam_channel::never();
+        let deploy_rx = deploying.as_ref().map(|(_, _, rx)| rx).unwrap_or(&never_deploy);
         let mut to_send: Vec<TaskEvent> = Vec::new();
         crossbeam_channel::select! {
             recv(ctl_rx) -> m => match m {
@@ -882,17 +911,16 @@ fn session(
                             if let Some(g) = current.take() {
                                 g.teardown();
                             }
-                            let generation = d.generation;
-                            let answer = match deploy_here(graph, fp, &store, &settings, me, d, inbound, secret) {
-                                Ok(g) => {
-                                    current = Some(g);
-                                    ToCoordinator::Deployed { generation }
+                            // Deploying (restoring state, waiting for peers' links) may take longer
+                            // than the heartbeat timeout: it runs on its own thread while this loop
+                            // keeps heartbeats and messages moving. A newer deploy waits its turn.
+                            if deploying.is_some() {
+                                if let Some((_, abort, _)) = &deploying {
+                                    abort.store(true, Ordering::SeqCst);
                                 }
-                                Err(DeployError::Permanent(e)) => ToCoordinator::DeployFailed { generation, reason: e.to_string(), permanent: true },
-                                Err(DeployError::Retry(reason)) => ToCoordinator::DeployFailed { generation, reason, permanent: false },
-                            };
-                            if let Err(e) = send(&mut out, &answer) {
-                                break SessionEnd::Lost(e);
+                                queued = Some(d);
+                            } else {
+                                deploying = Some(start_deploy(&ctx, d));
                             }
                         }
                         ToWorker::Control { generation, control, sources_only } => {
@@ -904,8 +932,17 @@ fn session(
                             if let Some(g) = current.take_if(|g| g.generation <= generation) {
                                 g.teardown();
                             }
-                            if let Err(e) = send(&mut out, &ToCoordinator::Cancelled { generation }) {
-                                break SessionEnd::Lost(e);
+                            match &deploying {
+                                // Answered once the deployment in progress is undone.
+                                Some((g, abort, _)) if *g <= generation => {
+                                    abort.store(true, Ordering::SeqCst);
+                                    cancel_after_deploy = Some(generation);
+                                }
+                                _ => {
+                                    if let Err(e) = send(&mut out, &ToCoordinator::Cancelled { generation }) {
+                                        break SessionEnd::Lost(e);
+                                    }
+                                }
                             }
                         }
                         ToWorker::Shutdown { reason } => break SessionEnd::Shutdown(reason),
@@ -913,6 +950,38 @@ fn session(
                 }
                 Ok(FromCoordinator::Gone(why)) => break SessionEnd::Lost(why),
                 Err(_) => break SessionEnd::Lost("the reader stopped".into()),
+            },
+            recv(deploy_rx) -> r => {
+                let (generation, _, _) = deploying.take().expect("a deployment in progress");
+                let r = r.unwrap_or_else(|_| Err(DeployError::Retry("the deployment thread died".into())));
+                let mut answer = None;
+                if let Some(cancelled) = cancel_after_deploy.take() {
+                    if let Ok(g) = r {
+                        g.teardown();
+                    }
+                    answer = Some(ToCoordinator::Cancelled { generation: cancelled });
+                } else if queued.is_some() {
+                    if let Ok(g) = r {
+                        g.teardown();
+                    }
+                } else {
+                    answer = Some(match r {
+                        Ok(g) => {
+                            current = Some(g);
+                            ToCoordinator::Deployed { generation }
+                        }
+                        Err(DeployError::Permanent(e)) => ToCoordinator::DeployFailed { generation, reason: e.to_string(), permanent: true },
+                        Err(DeployError::Retry(reason)) => ToCoordinator::DeployFailed { generation, reason, permanent: false },
+                    });
+                }
+                if let Some(d) = queued.take() {
+                    deploying = Some(start_deploy(&ctx, d));
+                }
+                if let Some(a) = answer {
+                    if let Err(e) = send(&mut out, &a) {
+                        break SessionEnd::Lost(e);
+                    }
+                }
             },
             recv(ev_rx) -> ev => if let (Ok(ev), Some(g)) = (ev, current.as_mut()) {
                 let now = clock.elapsed().as_millis() as u64;
@@ -947,8 +1016,54 @@ fn session(
     if let Some(g) = current.take() {
         g.teardown();
     }
+    if let Some((_, abort, rx)) = deploying.take() {
+        abort.store(true, Ordering::SeqCst);
+        if let Ok(Ok(g)) = rx.recv() {
+            g.teardown();
+        }
+    }
     let _ = stream.shutdown(Shutdown::Both);
     Ok(end)
+}
+
+/// What a deployment thread needs.
+struct DeployCtx {
+    graph: JobGraph,
+    fingerprint: String,
+    store: Arc<dyn CheckpointStore>,
+    settings: WorkerSettings,
+    me: u32,
+    inbound: Inbound,
+    secret: Secret,
+}
+
+/// A deployment in progress: its generation, its abort flag, and where its result arrives.
+type Deploying = (Generation, Arc<AtomicBool>, Receiver<Result<LocalGeneration, DeployError>>);
+
+fn start_deploy(ctx: &DeployCtx, d: DeployMsg) -> Deploying {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let abort = Arc::new(AtomicBool::new(false));
+    let generation = d.generation;
+    let c = DeployCtx {
+        graph: ctx.graph.clone(),
+        fingerprint: ctx.fingerprint.clone(),
+        store: ctx.store.clone(),
+        settings: ctx.settings.clone(),
+        me: ctx.me,
+        inbound: ctx.inbound.clone(),
+        secret: ctx.secret.clone(),
+    };
+    let a = abort.clone();
+    let spawned = std::thread::Builder::new().name("cutline-deploy".into()).spawn(move || {
+        let r = deploy_here(&c.graph, &c.fingerprint, &c.store, &c.settings, c.me, d, &c.inbound, &c.secret, &a);
+        let _ = tx.send(r);
+    });
+    if let Err(e) = spawned {
+        let (tx, rx2) = crossbeam_channel::bounded(1);
+        let _ = tx.send(Err(DeployError::Retry(format!("cannot start a thread: {e}"))));
+        return (generation, abort, rx2);
+    }
+    (generation, abort, rx)
 }
 
 /// Deploy this worker's part of a generation: restore state, open the data links, start the tasks.
@@ -962,6 +1077,7 @@ fn deploy_here(
     d: DeployMsg,
     inbound: &Inbound,
     secret_for_links: &Secret,
+    abort: &AtomicBool,
 ) -> Result<LocalGeneration, DeployError> {
     let generation = d.generation;
     let mut index = match (&d.savepoint, d.checkpoint) {
@@ -1009,8 +1125,8 @@ fn deploy_here(
     let mut links = Vec::new();
     for (peer, pumps) in outs_by_peer {
         let addr = &d.peers[peer as usize];
-        let mut s = TcpStream::connect(addr)
-            .map_err(|e| DeployError::Retry(format!("cannot reach worker {peer} at {addr}: {e}")))?;
+        let mut s =
+            connect(addr).map_err(|e| DeployError::Retry(format!("cannot reach worker {peer} at {addr}: {e}")))?;
         let hello = proto::encode(&DataHello { generation, from: me, to: peer });
         wire::handshake_client(&mut s, secret_for_links, &hello, max_frame)
             .map_err(|e| DeployError::Retry(format!("data link to worker {peer} at {addr}: {e}")))?;
@@ -1033,7 +1149,10 @@ fn deploy_here(
             if left.is_zero() {
                 return Err(DeployError::Retry(format!("worker {peer} did not open its data link to worker {me}")));
             }
-            m = cv.wait_timeout(m, left).expect("inbound links").0;
+            if abort.load(Ordering::SeqCst) {
+                return Err(DeployError::Retry("the deployment was called off".into()));
+            }
+            m = cv.wait_timeout(m, left.min(Duration::from_millis(50))).expect("inbound links").0;
         };
         drop(m);
         let name = format!("data link {generation} worker {peer} -> {me}");

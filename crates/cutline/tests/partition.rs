@@ -9,7 +9,10 @@
 //!    `htb` class of 256 kbit/s with a short queue carries the data plane, while the control
 //!    connections (matched by the coordinator's port) stay fast so that heartbeats keep arriving.
 //!    Either way barriers and acknowledgements cannot make it within `--checkpoint-timeout 300ms`:
-//!    checkpoints time out, no worker is lost, and nothing of a partial cut is committed.
+//!    checkpoints time out, no worker is lost, and nothing of a partial cut is committed. Meanwhile
+//!    the job tolerates failed checkpoints (`cutline tune --tolerable-failures`), so that it does not
+//!    fail over during the phase: a redeployment over the slow network works (workers keep sending
+//!    heartbeats while they deploy) but would make the phase long.
 //! 2. Partition. Every packet on the pair is dropped (`netem loss 100%`, or a `pfifo` of length 0).
 //!    The coordinator loses the worker (no heartbeat) and, after `--replacement-wait`, runs on the two
 //!    host workers; the cut-off worker finds it lost its coordinator. Once healed, it joins again.
