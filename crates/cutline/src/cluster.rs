@@ -372,103 +372,123 @@ fn accept_workers(
     max_frame_bytes: u32,
     closing: Arc<AtomicBool>,
 ) {
-    let mut next_id = 0u32;
+    let next_id = Arc::new(std::sync::atomic::AtomicU32::new(0));
     for stream in listener.incoming() {
         if closing.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(mut stream) = stream else { continue };
-        let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-        let id = next_id;
-        let welcome = proto::encode(&WelcomeHello { version: version(), worker: id });
-        let hello = match wire::handshake_server(&mut stream, &secret, &welcome, max_frame_bytes)
-            .and_then(|h| proto::decode::<JoinHello>(&h))
-        {
-            Ok(h) => h,
-            Err(e) => {
-                eprintln!("cutline: refused a connection from {peer}: {e}");
-                continue;
-            }
-        };
-        if hello.version != version() {
-            eprintln!(
-                "cutline: refused worker {} at {peer}: it runs cutline {}, this coordinator {}; run the same version everywhere",
-                hello.name,
-                hello.version,
-                version()
-            );
-            continue;
-        }
-        next_id += 1;
-        let last_heard = Arc::new(AtomicU64::new(clock.elapsed().as_millis() as u64));
-        let (out_tx, out_rx) = crossbeam_channel::bounded::<Vec<u8>>(WORKER_QUEUE_MESSAGES);
-        let _ = out_tx.try_send({
-            let mut f = Vec::new();
-            wire::write_frame(&mut f, KIND_MESSAGE, &job).expect("memory");
-            f
-        });
-        let (Ok(r), Ok(w)) = (stream.try_clone(), stream.try_clone()) else { continue };
-        // Writer.
-        let inbox_w = inbox.clone();
-        let spawned_writer = std::thread::Builder::new().name(format!("cutline-to-worker-{id}")).spawn(move || {
-            let mut w = BufWriter::new(w);
-            let _ = w.get_ref().set_write_timeout(Some(Duration::from_secs(10)));
-            while let Ok(f) = out_rx.recv() {
-                let r = w.write_all(&f).and_then(|()| if out_rx.is_empty() { w.flush() } else { Ok(()) });
-                if let Err(e) = r {
-                    let _ = inbox_w.send(Inbox::Lost(id, format!("sending to it failed: {e}")));
-                    return;
-                }
-            }
-        });
-        // Reader.
-        let (inbox_r, events_r, heard, reports_r) =
-            (inbox.clone(), events.clone(), last_heard.clone(), reports.clone());
-        let spawned_reader = std::thread::Builder::new().name(format!("cutline-from-worker-{id}")).spawn(move || {
-            let mut r = BufReader::new(r);
-            let mut buf = Vec::new();
-            loop {
-                let m = match proto::read_message::<ToCoordinator>(&mut r, max_frame_bytes, &mut buf) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        let why = if e.is_closed() { "its connection closed".to_string() } else { e.to_string() };
-                        let _ = inbox_r.send(Inbox::Lost(id, why));
-                        return;
-                    }
-                };
-                heard.store(clock.elapsed().as_millis() as u64, Ordering::SeqCst);
-                match m {
-                    ToCoordinator::Heartbeat { tasks } => reports_r.lock().expect("reports").extend(tasks),
-                    ToCoordinator::Events(evs) => {
-                        let sink = events_r.lock().expect("event sink");
-                        if let Some((g, tx)) = sink.as_ref() {
-                            let mut out = Vec::new();
-                            for e in evs {
-                                e.into_events(&mut out);
-                            }
-                            for e in out {
-                                // Older generations' events are the coordinator's to ignore.
-                                let _ = g;
-                                let _ = tx.send(RtEvent::Coord(e));
-                            }
-                        }
-                    }
-                    other => {
-                        if inbox_r.send(Inbox::Msg(id, other)).is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-        if spawned_writer.is_err() || spawned_reader.is_err() {
-            let _ = stream.shutdown(Shutdown::Both);
-            continue;
-        }
-        let conn = WorkerConn { name: hello.name, data_addr: hello.data_addr, out: out_tx, stream, last_heard };
-        if inbox.send(Inbox::Joined(id, conn)).is_err() {
+        let Ok(stream) = stream else { continue };
+        let id = next_id.fetch_add(1, Ordering::SeqCst);
+        let (secret, job, inbox, events, reports) =
+            (secret.clone(), job.clone(), inbox.clone(), events.clone(), reports.clone());
+        // Each handshake on its own thread: a slow or hostile peer holds up no one else.
+        let _ = std::thread::Builder::new()
+            .name("cutline-admit".into())
+            .spawn(move || admit(stream, id, &secret, &job, &inbox, &events, &reports, clock, max_frame_bytes));
+    }
+}
+
+/// Authenticate one connection; if it is a worker of our version, hand it the job and start its
+/// reader and writer.
+#[allow(clippy::too_many_arguments)]
+fn admit(
+    mut stream: TcpStream,
+    id: u32,
+    secret: &Secret,
+    job: &[u8],
+    inbox: &Sender<Inbox>,
+    events: &EventSink,
+    reports: &Reports,
+    clock: Instant,
+    max_frame_bytes: u32,
+) {
+    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let welcome = proto::encode(&WelcomeHello { version: version(), worker: id });
+    let hello = match wire::handshake_server(&mut stream, &secret, &welcome, max_frame_bytes)
+        .and_then(|h| proto::decode::<JoinHello>(&h))
+    {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("cutline: refused a connection from {peer}: {e}");
             return;
         }
+    };
+    if hello.version != version() {
+        eprintln!(
+            "cutline: refused worker {} at {peer}: it runs cutline {}, this coordinator {}; run the same version everywhere",
+            hello.name,
+            hello.version,
+            version()
+        );
+        return;
+    }
+    let last_heard = Arc::new(AtomicU64::new(clock.elapsed().as_millis() as u64));
+    let (out_tx, out_rx) = crossbeam_channel::bounded::<Vec<u8>>(WORKER_QUEUE_MESSAGES);
+    let _ = out_tx.try_send({
+        let mut f = Vec::new();
+        wire::write_frame(&mut f, KIND_MESSAGE, &job).expect("memory");
+        f
+    });
+    let (Ok(r), Ok(w)) = (stream.try_clone(), stream.try_clone()) else { return };
+    // Writer.
+    let inbox_w = inbox.clone();
+    let spawned_writer = std::thread::Builder::new().name(format!("cutline-to-worker-{id}")).spawn(move || {
+        let mut w = BufWriter::new(w);
+        let _ = w.get_ref().set_write_timeout(Some(Duration::from_secs(10)));
+        while let Ok(f) = out_rx.recv() {
+            let r = w.write_all(&f).and_then(|()| if out_rx.is_empty() { w.flush() } else { Ok(()) });
+            if let Err(e) = r {
+                let _ = inbox_w.send(Inbox::Lost(id, format!("sending to it failed: {e}")));
+                return;
+            }
+        }
+    });
+    // Reader.
+    let (inbox_r, events_r, heard, reports_r) = (inbox.clone(), events.clone(), last_heard.clone(), reports.clone());
+    let spawned_reader = std::thread::Builder::new().name(format!("cutline-from-worker-{id}")).spawn(move || {
+        let mut r = BufReader::new(r);
+        let mut buf = Vec::new();
+        loop {
+            let m = match proto::read_message::<ToCoordinator>(&mut r, max_frame_bytes, &mut buf) {
+                Ok(m) => m,
+                Err(e) => {
+                    let why = if e.is_closed() { "its connection closed".to_string() } else { e.to_string() };
+                    let _ = inbox_r.send(Inbox::Lost(id, why));
+                    return;
+                }
+            };
+            heard.store(clock.elapsed().as_millis() as u64, Ordering::SeqCst);
+            match m {
+                ToCoordinator::Heartbeat { tasks } => reports_r.lock().expect("reports").extend(tasks),
+                ToCoordinator::Events(evs) => {
+                    let sink = events_r.lock().expect("event sink");
+                    if let Some((g, tx)) = sink.as_ref() {
+                        let mut out = Vec::new();
+                        for e in evs {
+                            e.into_events(&mut out);
+                        }
+                        for e in out {
+                            // Older generations' events are the coordinator's to ignore.
+                            let _ = g;
+                            let _ = tx.send(RtEvent::Coord(e));
+                        }
+                    }
+                }
+                other => {
+                    if inbox_r.send(Inbox::Msg(id, other)).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    if spawned_writer.is_err() || spawned_reader.is_err() {
+        let _ = stream.shutdown(Shutdown::Both);
+        return;
+    }
+    let conn = WorkerConn { name: hello.name, data_addr: hello.data_addr, out: out_tx, stream, last_heard };
+    if inbox.send(Inbox::Joined(id, conn)).is_err() {
+        return;
     }
 }
 
