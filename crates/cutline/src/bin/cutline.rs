@@ -130,6 +130,18 @@ enum Cmd {
         #[arg(long)]
         kill_worker_after: Option<String>,
     },
+    /// How long the coordinator takes per checkpoint for many simulated tasks, with acknowledgements
+    /// aggregated per worker (one message per worker) or not (one per task).
+    BenchCoordinator {
+        #[arg(long, default_value_t = 10_000)]
+        tasks: u32,
+        /// Worker counts to measure, comma-separated; 0 means no aggregation.
+        #[arg(long, default_value = "0,10,100")]
+        workers: String,
+        /// Measured checkpoints per configuration (after 20 unmeasured ones).
+        #[arg(long, default_value_t = 200)]
+        checkpoints: u32,
+    },
     /// Checkpoints in front of a backlog: one slow task with about 10 s of data queued in front of it,
     /// checkpointed aligned, unaligned, or aligned with a timeout.
     BenchBacklog {
@@ -443,6 +455,7 @@ fn main() {
             worker(join, secret_file.as_deref(), listen, advertise, &rejoin_timeout)
         }
         Cmd::Cluster { workers, job } => launch_cluster(workers, &job),
+        Cmd::BenchCoordinator { tasks, workers, checkpoints } => bench_coordinator(tasks, &workers, checkpoints),
         Cmd::Bench {
             events,
             keys,
@@ -831,6 +844,22 @@ fn launch_cluster(workers: usize, job: &[String]) -> Result<()> {
     }
     if !status.success() {
         bail!("the coordinator failed ({status})");
+    }
+    Ok(())
+}
+
+fn bench_coordinator(tasks: u32, workers: &str, checkpoints: u32) -> Result<()> {
+    use cutline::coordbench::{coordinator_bench, CoordBench, CoordBenchResult};
+    if tasks == 0 || checkpoints == 0 {
+        bail!("--tasks and --checkpoints must be positive");
+    }
+    let counts = workers
+        .split(',')
+        .map(|w| w.trim().parse::<u32>().with_context(|| format!("--workers: {w:?} is not a number")))
+        .collect::<Result<Vec<_>>>()?;
+    println!("{}", CoordBenchResult::header());
+    for w in counts {
+        println!("{}", coordinator_bench(&CoordBench { tasks, workers: w, checkpoints }));
     }
     Ok(())
 }

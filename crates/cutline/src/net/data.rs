@@ -56,8 +56,9 @@ pub(crate) enum Out {
 
 /// The sending side's end of a crossing channel: the consumer of the local channel.
 pub(crate) trait OutPump: Send {
-    /// Take the next message: a data batch only if `credit`, encoded into `buf` (cleared first).
-    fn poll(&mut self, credit: bool, buf: &mut Vec<u8>) -> Out;
+    /// Take the next message: a data batch only if `credit`, encoded into `buf` after the 4-byte
+    /// channel number `ch` (the frame's payload, built in one buffer).
+    fn poll(&mut self, credit: bool, ch: u32, buf: &mut Vec<u8>) -> Out;
 }
 
 /// The receiving side's end of a crossing channel: the producer of the local channel.
@@ -80,13 +81,14 @@ struct OutEnd<T>(Rx<T>);
 struct InEnd<T>(Tx<T>);
 
 impl<T: crate::api::Data> OutPump for OutEnd<T> {
-    fn poll(&mut self, credit: bool, buf: &mut Vec<u8>) -> Out {
+    fn poll(&mut self, credit: bool, ch: u32, buf: &mut Vec<u8>) -> Out {
         let never = |_: &Barrier| false;
         let unused = |_: &Vec<T>| Vec::new();
         match self.0.poll(&never, &unused, credit) {
             Taken::Empty => Out::Empty,
             Taken::Msg(Message::Data(batch)) => {
                 buf.clear();
+                buf.extend_from_slice(&ch.to_be_bytes());
                 let bytes = postcard::to_extend(&batch, std::mem::take(buf)).expect("a record that serialises");
                 *buf = bytes;
                 Out::Data
@@ -229,7 +231,7 @@ pub(crate) fn start_sender(
         let mut w = BufWriter::with_capacity(LINK_BUFFER_BYTES, stream.try_clone()?);
         let mut pumps = pumps;
         threads.push(std::thread::Builder::new().name("cutline-link-send".into()).spawn(move || {
-            let (mut body, mut frame, mut msg) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut body, mut msg) = (Vec::new(), Vec::new());
             let mut done = vec![false; pumps.len()];
             loop {
                 if closing.load(Ordering::SeqCst) || failure.lock().expect("link failure").is_some() {
@@ -243,7 +245,7 @@ pub(crate) fn start_sender(
                     }
                     loop {
                         let credit = credits[i].load(Ordering::SeqCst) > 0;
-                        let r = match p.poll(credit, &mut body) {
+                        let r = match p.poll(credit, i as u32, &mut body) {
                             Out::Empty => break,
                             Out::Gone => {
                                 done[i] = true;
@@ -251,18 +253,17 @@ pub(crate) fn start_sender(
                             }
                             Out::Data => {
                                 credits[i].fetch_sub(1, Ordering::SeqCst);
-                                header(i as u32, &body, &mut msg);
-                                wire::write_frame_buf(&mut w, KIND_DATA, &msg, &mut frame)
+                                wire::write_frame(&mut w, KIND_DATA, &body)
                             }
                             Out::Barrier(b) => {
                                 let bytes = postcard::to_allocvec(&b).expect("a barrier serialises");
                                 header(i as u32, &bytes, &mut msg);
-                                wire::write_frame_buf(&mut w, KIND_BARRIER, &msg, &mut frame)
+                                wire::write_frame(&mut w, KIND_BARRIER, &msg)
                             }
                             Out::End => {
                                 done[i] = true;
                                 header(i as u32, &[], &mut msg);
-                                wire::write_frame_buf(&mut w, KIND_END, &msg, &mut frame)
+                                wire::write_frame(&mut w, KIND_END, &msg)
                             }
                         };
                         progressed = true;
