@@ -109,18 +109,23 @@ impl Files for MemStore {
         let prefix = dir_prefix(dir);
         let files = self.lock();
         let mut out: Vec<Entry> = Vec::new();
-        for key in files.range(prefix.clone()..) {
-            let Some(rest) = key.0.strip_prefix(&prefix) else {
-                break;
-            };
-            let entry = match rest.split_once('/') {
-                Some((first, _)) => Entry { name: first.to_string(), is_dir: true },
-                None => Entry { name: rest.to_string(), is_dir: false },
-            };
-            // Keys sharing a directory prefix are adjacent, so one look back deduplicates.
-            if !out.last().is_some_and(|last| last.is_dir && entry.is_dir && last.name == entry.name) {
-                out.push(entry);
+        let mut from = prefix.clone();
+        'seek: loop {
+            for (key, _) in files.range(from.clone()..) {
+                let Some(rest) = key.strip_prefix(&prefix) else {
+                    break 'seek;
+                };
+                match rest.split_once('/') {
+                    Some((first, _)) => {
+                        out.push(Entry { name: first.to_string(), is_dir: true });
+                        // Skip the rest of that subdirectory: '0' sorts right after '/'.
+                        from = format!("{prefix}{first}0");
+                        continue 'seek;
+                    }
+                    None => out.push(Entry { name: rest.to_string(), is_dir: false }),
+                }
             }
+            break;
         }
         Ok(out)
     }

@@ -584,8 +584,15 @@ pub(crate) mod ops {
         let mut report = GcReport::default();
         for listing in &listings {
             let dir = checkpoint_dir(listing.id);
+            // Of the retained checkpoints only the newest is swept for temporary files (of retried
+            // writes): the older ones were swept when they were the newest, and whatever else they hold
+            // goes with the whole directory once they leave retention. (Listing every retained
+            // directory on every completion made retention the coordinator's largest cost per
+            // checkpoint at thousands of tasks.)
             if retained.contains(&listing.id) {
-                sweep(fs, &dir, keep, is_temp_name, &mut report)?;
+                if retained.last() == Some(&listing.id) {
+                    sweep(fs, &dir, keep, is_temp_name, &mut report)?;
+                }
             } else if listing.complete || listing.fenced || !in_flight.contains(&listing.id) {
                 let removed_files = sweep(fs, &dir, keep, |_| true, &mut report)?;
                 if fs.remove_dir_if_empty(&dir)? || removed_files > 0 {
