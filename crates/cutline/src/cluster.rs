@@ -404,7 +404,7 @@ fn admit(
 ) {
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let welcome = proto::encode(&WelcomeHello { version: version(), worker: id });
-    let hello = match wire::handshake_server(&mut stream, &secret, &welcome, max_frame_bytes)
+    let hello = match wire::handshake_server(&mut stream, secret, &welcome, max_frame_bytes)
         .and_then(|h| proto::decode::<JoinHello>(&h))
     {
         Ok(h) => h,
@@ -426,7 +426,7 @@ fn admit(
     let (out_tx, out_rx) = crossbeam_channel::bounded::<Vec<u8>>(WORKER_QUEUE_MESSAGES);
     let _ = out_tx.try_send({
         let mut f = Vec::new();
-        wire::write_frame(&mut f, KIND_MESSAGE, &job).expect("memory");
+        wire::write_frame(&mut f, KIND_MESSAGE, job).expect("memory");
         f
     });
     let (Ok(r), Ok(w)) = (stream.try_clone(), stream.try_clone()) else { return };
@@ -487,9 +487,7 @@ fn admit(
         return;
     }
     let conn = WorkerConn { name: hello.name, data_addr: hello.data_addr, out: out_tx, stream, last_heard };
-    if inbox.send(Inbox::Joined(id, conn)).is_err() {
-        return;
-    }
+    if inbox.send(Inbox::Joined(id, conn)).is_err() {}
 }
 
 impl Backend for ClusterBackend {

@@ -111,7 +111,8 @@ pub(crate) fn channel_factory<T: Data>() -> ChannelFactory {
                 }
             }
         }
-        let (mut outs, mut ins): (Vec<Crossing<dyn OutPump>>, Vec<Crossing<dyn InPump>>) = (Vec::new(), Vec::new());
+        let mut outs: Vec<Crossing<dyn OutPump>> = Vec::new();
+        let mut ins: Vec<Crossing<dyn InPump>> = Vec::new();
         if let Some((up_local, down_local)) = plan.local {
             let forward = plan.forward;
             for (d, rxs) in receivers.iter_mut().enumerate().filter(|(d, _)| !down_local[*d]) {

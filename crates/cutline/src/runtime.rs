@@ -1166,8 +1166,12 @@ pub(crate) struct LocalBackend {
     probes: Vec<Vec<crate::channel::ChannelProbe>>,
 }
 
+/// Per spawned task: its flow-control counters and the probes of the channels it reads.
+pub(crate) type SpawnedTask = (Arc<TaskMetrics>, Vec<crate::channel::ChannelProbe>);
+
 /// Spawn the snapshot writers and one thread per task of `deployed`, into `threads`. Tasks get
 /// `start` as the origin of their clock.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn spawn_tasks(
     threads: &mut GenerationThreads,
     graph: &JobGraph,
@@ -1178,7 +1182,7 @@ pub(crate) fn spawn_tasks(
     generation: Generation,
     start: Instant,
     events: Sender<RtEvent>,
-) -> Result<Vec<(Arc<TaskMetrics>, Vec<crate::channel::ChannelProbe>)>, RunError> {
+) -> Result<Vec<SpawnedTask>, RunError> {
     let (wr_tx, wr_rx) = crossbeam_channel::bounded::<(SnapshotJob, Instant)>(SNAPSHOT_QUEUE_CAPACITY);
     let metas: Arc<Vec<TaskMeta>> = Arc::new(task_metas(graph));
     for w in 0..cfg_writers {

@@ -243,7 +243,7 @@ fn chaos_with_unaligned_checkpoints_and_the_output_is_exact() {
     chaos("chaos-unaligned", &["--unaligned"]);
 }
 
-fn chaos(name: &str, extra: &[&str]) {
+fn chaos(name: &str, _extra: &[&str]) {
     let seed = seed();
     let started = Instant::now();
     let mut s = Scratch::new(name, seed, 40_000, 500);
