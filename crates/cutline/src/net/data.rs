@@ -178,10 +178,14 @@ pub(crate) fn start_sender(
     let closing = Arc::new(AtomicBool::new(false));
     let failure: LinkFailure = Default::default();
     let credits: Arc<Vec<AtomicI64>> = Arc::new((0..pumps.len()).map(|_| AtomicI64::new(capacity as i64)).collect());
+    // Channels whose end-of-stream was sent: once all are, the receiver closing is a goodbye.
+    let ended = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let channels = pumps.len();
     let mut threads = Vec::new();
     // Credit reader.
     {
         let (closing, failure, credits, waker) = (closing.clone(), failure.clone(), credits.clone(), waker.clone());
+        let ended = ended.clone();
         let mut r = BufReader::new(stream.try_clone()?);
         let name = name.clone();
         threads.push(std::thread::Builder::new().name("cutline-link-credit".into()).spawn(move || {
@@ -217,6 +221,7 @@ pub(crate) fn start_sender(
                             format!("{name}: unexpected frame kind {kind} from the receiver; link closed"),
                         )
                     }
+                    Err(e) if e.is_closed() && ended.load(Ordering::SeqCst) == channels => return,
                     Err(e) => {
                         waker.ring();
                         return fail(&failure, &closing, format!("{name}: {e}"));
@@ -262,6 +267,7 @@ pub(crate) fn start_sender(
                             }
                             Out::End => {
                                 done[i] = true;
+                                ended.fetch_add(1, Ordering::SeqCst);
                                 header(i as u32, &[], &mut msg);
                                 wire::write_frame(&mut w, KIND_END, &msg)
                             }
