@@ -674,7 +674,14 @@ pub(crate) fn run_on(
         let record = GenerationRecord {
             job_fingerprint: cfg.job_fingerprint.clone(),
             generation,
-            restored: restored.filter(|_| index.savepoint.is_none()),
+            // The newest complete checkpoint this start saw, also if it was skipped as damaged: it was
+            // committed before this generation began, so it must not be fenced (a repaired checkpoint
+            // restores later); only what older generations complete from now on is.
+            restored: restored
+                .filter(|_| index.savepoint.is_none())
+                .into_iter()
+                .chain(index.skipped.iter().copied())
+                .max(),
             created_unix_ms: unix_ms(),
             owner: format!("{} pid {}", host_name(), std::process::id()),
         };
