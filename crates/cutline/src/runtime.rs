@@ -437,6 +437,27 @@ pub(crate) fn prepare_start(
     Ok(Start::Run(StartInfo { first, generation, lease_end }))
 }
 
+/// Record that `generation` starts, having restored `restored` (from `index`): create-if-absent, so
+/// that a second coordinator of the job gets `GenerationTaken` or `Superseded`.
+pub(crate) fn claim_generation(
+    store: &dyn CheckpointStore,
+    fingerprint: &str,
+    generation: Generation,
+    index: &RestoreIndex,
+    restored: Option<CheckpointId>,
+) -> Result<(), StorageError> {
+    store.claim_generation(&GenerationRecord {
+        job_fingerprint: fingerprint.to_string(),
+        generation,
+        // The newest complete checkpoint this start saw, also if it was skipped as damaged: it was
+        // committed before this generation began, so it must not be fenced (a repaired checkpoint
+        // restores later); only what older generations complete from now on is.
+        restored: restored.filter(|_| index.savepoint.is_none()).into_iter().chain(index.skipped.iter().copied()).max(),
+        created_unix_ms: unix_ms(),
+        owner: format!("{} pid {}", host_name(), std::process::id()),
+    })
+}
+
 /// A request to a running job (see [`JobHandle`]).
 pub(crate) enum Command {
     Stop,
@@ -670,22 +691,8 @@ pub(crate) fn run_on(
             Err(e) => return Err(e),
         };
         // Establish this generation (create-if-absent): a second coordinator of the job stops here,
-        // and manifests older generations complete from now on above `restored` are fenced.
-        let record = GenerationRecord {
-            job_fingerprint: cfg.job_fingerprint.clone(),
-            generation,
-            // The newest complete checkpoint this start saw, also if it was skipped as damaged: it was
-            // committed before this generation began, so it must not be fenced (a repaired checkpoint
-            // restores later); only what older generations complete from now on is.
-            restored: restored
-                .filter(|_| index.savepoint.is_none())
-                .into_iter()
-                .chain(index.skipped.iter().copied())
-                .max(),
-            created_unix_ms: unix_ms(),
-            owner: format!("{} pid {}", host_name(), std::process::id()),
-        };
-        match store.claim_generation(&record) {
+        // and manifests older generations complete from now on above what this start saw are fenced.
+        match claim_generation(&*store, &cfg.job_fingerprint, generation, &index, restored) {
             Ok(()) => {}
             Err(e @ (StorageError::GenerationTaken { .. } | StorageError::Superseded { .. })) => {
                 return Err(RunError::Superseded(e.to_string()))

@@ -21,7 +21,7 @@ use crate::driver::{
 use crate::fault::{FaultPoint, Faults};
 use crate::graph::{DeployOptions, JobGraph};
 use crate::message::Control;
-use crate::runtime::{load_checkpoint, prepare_start, restore_latest, RunConfig, Start};
+use crate::runtime::{claim_generation, load_checkpoint, prepare_start, restore_latest, RunConfig, Start};
 use crate::runtime::{AckReport, RunError};
 use crate::sink::{MemoryTxnSink, MemoryTxnStore};
 use crate::source::{GeneratorSource, SourceStatus};
@@ -30,7 +30,7 @@ use crate::task::{SnapshotTimings, SourcePhase, Task, TaskEnv};
 use cutline_core::barrier::{Barrier, CheckpointMode};
 use cutline_core::coordinator::{CheckpointConfig, Coordinator, Event};
 use cutline_core::{CheckpointId, Generation, TaskId, TimeMs};
-use cutline_storage::{FaultyStore, MemStore, StoreOp};
+use cutline_storage::{FaultyStore, MemStore, StorageError, StoreOp};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -126,6 +126,8 @@ impl Default for SimOptions {
 pub struct SimReport {
     pub steps: u64,
     pub checkpoints_completed: u64,
+    /// Generation claims that storage failed (the next generation claimed again).
+    pub failed_claims: u64,
     pub failovers: u64,
     pub process_crashes: u64,
     pub cuts_checked: u64,
@@ -436,6 +438,20 @@ impl Sim {
             // Deploy a generation.
             let mode = coordinator.as_ref().map(|c| c.config().mode).unwrap_or(cfg.checkpoint.mode);
             let (index, restored) = restore_latest(&cfg, &self.graph, mode).map_err(|e| format!("restore: {e}"))?;
+            // As the runtime: establish the generation in storage. Storage faults hit the claim too
+            // (also one that lands but reports failure); then the next generation tries again.
+            match claim_generation(&*self.store, FINGERPRINT, generation, &index, restored) {
+                Ok(()) => {}
+                Err(e @ (StorageError::GenerationTaken { .. } | StorageError::Superseded { .. })) => {
+                    return Err(format!("one coordinator was fenced by its own generations: {e}"))
+                }
+                Err(_) => {
+                    self.report.failed_claims += 1;
+                    generation =
+                        next_generation(&*self.store, FINGERPRINT, generation, lease_end).map_err(|e| e.to_string())?;
+                    continue;
+                }
+            }
             let opts = DeployOptions {
                 restore: &index,
                 faults: faults.clone(),
