@@ -129,6 +129,9 @@ enum Cmd {
         /// once), and report how long the job took to run again.
         #[arg(long)]
         kill_worker_after: Option<String>,
+        /// Batches per channel (credit).
+        #[arg(long, default_value_t = cutline::runtime::DEFAULT_CHANNEL_CAPACITY)]
+        channel_capacity: usize,
     },
     /// How long the coordinator takes per checkpoint for many simulated tasks, with acknowledgements
     /// aggregated per worker (one message per worker) or not (one per task).
@@ -465,7 +468,9 @@ fn main() {
             workers,
             state,
             kill_worker_after,
+            channel_capacity,
         } => bench(&BenchArgs {
+            channel_capacity,
             events,
             keys,
             parallelism,
@@ -1115,6 +1120,7 @@ struct BenchArgs {
     workers: usize,
     state: Option<String>,
     kill_worker_after: Option<String>,
+    channel_capacity: usize,
 }
 
 fn bench(a: &BenchArgs) -> Result<()> {
@@ -1142,6 +1148,10 @@ fn bench(a: &BenchArgs) -> Result<()> {
     cfg.checkpoint.max_concurrent = max_concurrent;
     cfg.checkpoint.validate().map_err(anyhow::Error::msg)?;
     cfg.restart = cutline::RestartStrategy::None;
+    if a.channel_capacity == 0 {
+        bail!("--channel-capacity must be at least 1");
+    }
+    cfg.channel_capacity = a.channel_capacity;
     let start = Instant::now();
     let mut recovery = String::new();
     let report = if a.workers == 0 {
