@@ -246,10 +246,10 @@ fn chaos_with_unaligned_checkpoints_and_the_output_is_exact() {
 fn chaos(name: &str, _extra: &[&str]) {
     let seed = seed();
     let started = Instant::now();
-    let mut s = Scratch::new(name, seed, 40_000, 500);
+    let mut s = Scratch::new(name, seed, 60_000, 500);
     let mut rng = XorShift::new(seed ^ 0xC4A05);
     {
-        // Paced (250 us per line: about 3.3 s of work per subtask) so that the kills land mid-run.
+        // Paced (250 us per line: about 5 s of work per subtask) so that the kills land mid-run.
         let mut c = Cluster::start(
             &s,
             3,
