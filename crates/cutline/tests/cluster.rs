@@ -454,3 +454,49 @@ fn checkpoints_on_s3_survive_a_killed_worker_and_a_killed_coordinator() {
     }
     s.check_output("checkpoints on S3");
 }
+
+/// A savepoint taken from a cluster restores anywhere: stop a two-worker job with a savepoint, then
+/// finish it embedded in one process from that savepoint; the output is exact.
+#[test]
+fn a_cluster_stopped_with_a_savepoint_resumes_in_one_process() {
+    let mut s = Scratch::new("savepoint", seed(), 30_000, 300);
+    {
+        let mut c =
+            Cluster::start(&s, 2, &["--parallelism", "2", "--checkpoint-interval", "50ms", "--line-delay-us", "200"]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while log_text(&s, "coordinator").matches(" complete in ").count() < 3 {
+            assert!(Instant::now() < deadline, "no checkpoints; logs in {}", s.dir.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = Command::new(BIN).args(["savepoint", "--stop", "--state"]).arg(s.path("state")).output().unwrap();
+        assert!(out.status.success(), "savepoint --stop failed: {}", String::from_utf8_lossy(&out.stderr));
+        let sp = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(Path::new(&sp).is_dir(), "savepoint directory {sp:?}");
+        let st = c.wait(Duration::from_secs(30));
+        assert!(st.success(), "the coordinator failed: {st}");
+        assert!(log_text(&s, "coordinator").contains("stopped with savepoint"), "{}", log_text(&s, "coordinator"));
+        // The workers were told the job is over.
+        for (i, w) in c.workers.iter_mut().enumerate() {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while w.try_wait().unwrap().is_none() {
+                assert!(Instant::now() < deadline, "worker {i} did not exit");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let problems = cutline::jobs::check_wordcount_output(&s.text, &s.path("out")).unwrap();
+        assert!(!problems.is_empty(), "stopped early, yet the output is complete");
+        // Resume embedded, on a fresh state directory, from the savepoint.
+        let out = Command::new(BIN)
+            .args(["run", "wordcount", "--input"])
+            .arg(s.path("input.txt"))
+            .arg("--output")
+            .arg(s.path("out"))
+            .arg("--state")
+            .arg(s.path("state2"))
+            .args(["--parallelism", "2", "--from-savepoint", &sp])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "resume failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    s.check_output("savepoint from a cluster");
+}
