@@ -462,16 +462,14 @@ fn admit(
                 ToCoordinator::Heartbeat { tasks } => reports_r.lock().expect("reports").extend(tasks),
                 ToCoordinator::Events(evs) => {
                     let sink = events_r.lock().expect("event sink");
-                    if let Some((g, tx)) = sink.as_ref() {
+                    // Events of older generations are the coordinator's to ignore (it checks every
+                    // event's generation).
+                    if let Some((_, tx)) = sink.as_ref() {
                         let mut out = Vec::new();
                         for e in evs {
                             e.into_events(&mut out);
                         }
-                        for e in out {
-                            // Older generations' events are the coordinator's to ignore.
-                            let _ = g;
-                            let _ = tx.send(RtEvent::Coord(e));
-                        }
+                        let _ = tx.send(RtEvent::Batch(out));
                     }
                 }
                 other => {
@@ -1006,6 +1004,7 @@ fn session(
                 let ev = match ev {
                     RtEvent::Coord(e) => e,
                     RtEvent::Failed { generation, task, error } => Event::TaskFailed { generation, task, reason: error },
+                    RtEvent::Batch(_) => unreachable!("only the coordinator's readers batch events"),
                 };
                 g.acks.on_event(now, ev, &mut to_send);
             },

@@ -217,7 +217,13 @@ pub struct AckReport {
 
 pub(crate) enum RtEvent {
     Coord(Event<AckReport>),
-    Failed { generation: Generation, task: TaskId, error: String },
+    /// Several events in order (a worker's message): one wake-up of the coordinator loop for all.
+    Batch(Vec<Event<AckReport>>),
+    Failed {
+        generation: Generation,
+        task: TaskId,
+        error: String,
+    },
 }
 
 /// Where a task's time goes (since the job started), for metrics.
@@ -910,6 +916,12 @@ fn run_generation(
         crossbeam_channel::select! {
             recv(ev_rx) -> ev => match ev {
                 Ok(RtEvent::Coord(e)) => coord.handle(plane.now(), e, &mut out),
+                Ok(RtEvent::Batch(events)) => {
+                    let now = plane.now();
+                    for e in events {
+                        coord.handle(now, e, &mut out);
+                    }
+                }
                 Ok(RtEvent::Failed { generation: g, task, error }) => {
                     coord.handle(plane.now(), Event::TaskFailed { generation: g, task, reason: error }, &mut out)
                 }
