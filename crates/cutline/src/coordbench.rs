@@ -5,7 +5,8 @@
 //! It does not run tasks, threads or a network: the task state files are written to the store and the
 //! ack messages are built and postcard-encoded (through the workers' [`AckAggregator`]) outside the
 //! timed section, as they would be by workers. The timed section is what the coordinator process does
-//! per checkpoint once the messages arrived: decode every message, turn it into coordinator events,
+//! per checkpoint once the messages arrived: decode every message, turn it into coordinator events and
+//! pass them to the coordinator loop (one channel send per message, as the cluster runtime does),
 //! handle each, and carry out the decisions (manifest commit, completion notice, retention).
 
 use crate::driver::{carry_out, Carried, CheckpointLog, ControlPlane, DriverCtx};
@@ -75,7 +76,8 @@ pub struct CoordBenchResult {
     pub control_sends_per_checkpoint: u32,
     /// Coordinator time per checkpoint (the timed section, whole).
     pub total: Percentiles,
-    /// Its parts: postcard decoding and `into_events`; `Coordinator::handle` of every ack; `carry_out`
+    /// Its parts: postcard decoding, `into_events` and the channel send per message; taking the
+    /// messages off the channel and `Coordinator::handle` of every ack; `carry_out`
     /// (manifest commit into the store, completion, retention).
     pub decode: Percentiles,
     pub handle: Percentiles,
@@ -222,7 +224,7 @@ fn run(cfg: &CoordBench, store: &MemStore) -> CoordBenchResult {
     let (mut decode, mut handle, mut carry, mut whole) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut messages, mut wire_bytes, mut sends) = (0usize, 0u64, 0u64);
     let mut out = Vec::new();
-    let mut events: Vec<Event<AckReport>> = Vec::with_capacity(tasks.len());
+    let (loop_tx, loop_rx) = crossbeam_channel::unbounded::<Vec<Event<AckReport>>>();
     for round in 0..total {
         // Time passes; a checkpoint triggers.
         plane.now = plane.now.plus_ms(INTERVAL_MS);
@@ -238,14 +240,20 @@ fn run(cfg: &CoordBench, store: &MemStore) -> CoordBenchResult {
         let bytes: u64 = wire.iter().map(|m| m.len() as u64).sum();
 
         // The coordinator's side, timed.
+        // As in the cluster runtime: a connection reader decodes each message and passes its events
+        // to the coordinator loop in one channel send; the loop takes each and handles its events.
         let t0 = Instant::now();
         for m in &wire {
             let m: TaskEvent = postcard::from_bytes(m).expect("decode an ack message");
+            let mut events = Vec::new();
             m.into_events(&mut events);
+            loop_tx.send(events).expect("the loop's channel is open");
         }
         let t1 = Instant::now();
-        for e in events.drain(..) {
-            coord.handle(plane.now, e, &mut out);
+        while let Ok(events) = loop_rx.try_recv() {
+            for e in events {
+                coord.handle(plane.now, e, &mut out);
+            }
         }
         let t2 = Instant::now();
         let carried = carry_out(&mut coord, std::mem::take(&mut out), &mut ctx, &mut plane).expect("carry out");
