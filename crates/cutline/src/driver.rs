@@ -279,7 +279,13 @@ pub(crate) fn carry_out(
                     stats.done.push(sum);
                 }
                 plane.send_all(Control::Complete(checkpoint), false);
-                ctx.store.gc(ctx.retain, &coord.pending())?;
+                // Retention that fails (an object store that is down) costs disk space, not
+                // correctness: the next completion runs it again.
+                if let Err(e) = ctx.store.gc(ctx.retain, &coord.pending()) {
+                    plane.log(&|| {
+                        format!("retention after {checkpoint} failed ({e}); it runs again after the next checkpoint")
+                    });
+                }
             }
             Decision::Abort { checkpoint, reason } => {
                 let name =
