@@ -344,7 +344,7 @@ fn a_hung_worker_is_detected_and_the_job_restarts_on_the_live_workers() {
 fn peers_without_the_secret_and_garbage_bytes_are_refused_without_disturbing_the_job() {
     let mut s = Scratch::new("auth", seed(), 20_000, 200);
     {
-        let mut c = Cluster::start(&s, 1, &["--parallelism", "2", "--line-delay-us", "50"]);
+        let mut c = Cluster::start(&s, 1, &["--parallelism", "2", "--line-delay-us", "200"]);
         // A worker with the wrong secret.
         std::fs::write(s.path("wrong"), "not-the-cluster-secret-at-all-000").unwrap();
         let mut intruder = Command::new(BIN)
