@@ -21,7 +21,7 @@ use crate::message::{Control, TaskError};
 use crate::net::acks::{AckAggregator, TaskEvent, DEFAULT_MAX_ACK_HOLD_MS};
 use crate::net::data::{start_receiver, start_sender, Link};
 use crate::net::proto::{
-    self, DataHello, DeployMsg, JoinHello, ToCoordinator, ToWorker, WelcomeHello, WireControl, WorkerSettings,
+    self, DataHello, DeployMsg, JobInfo, JoinHello, ToCoordinator, ToWorker, WelcomeHello, WireControl, WorkerSettings,
     KIND_MESSAGE,
 };
 use crate::net::wire::{self, Secret, WireError};
@@ -152,11 +152,6 @@ pub fn spawn_cluster(graph: JobGraph, cfg: RunConfig, cluster: ClusterConfig) ->
     Ok(JobHandle::new(JobControl::new(tx), thread))
 }
 
-/// The address a coordinator started with [`spawn_cluster`] listens on (resolves port 0).
-pub fn local_addr(listen: &str) -> Option<SocketAddr> {
-    listen.parse().ok()
-}
-
 /// What the coordinator knows of one connected worker.
 struct WorkerConn {
     name: String,
@@ -189,10 +184,13 @@ struct ClusterBackend {
     source_workers: Vec<u32>,
     generation: Option<Generation>,
     deployed_once: bool,
-    last_beat: Instant,
     clock: Instant,
     verbose: bool,
     closing: Arc<AtomicBool>,
+    /// The address the listener is bound to (to wake its thread at shutdown).
+    listen_addr: Option<SocketAddr>,
+    /// A member of the current generation dropped outside `pump_inbox` (its queue was full).
+    lost: Option<String>,
 }
 
 impl ClusterBackend {
@@ -212,16 +210,29 @@ impl ClusterBackend {
             max_frame_bytes: cluster.max_frame_bytes,
             verbose: cfg.verbose,
         };
-        let job = proto::encode(&ToWorker::Job {
+        let job = JobInfo {
             args: cluster.job_args.clone(),
             fingerprint: cfg.job_fingerprint.clone(),
             state: cluster.state.clone(),
             settings,
-        });
-        let (ev, rep, max, closing2) = (events.clone(), reports.clone(), cluster.max_frame_bytes, closing.clone());
+        };
+        let listen_addr = listener.local_addr().ok();
+        let (ev, rep, closing2) = (events.clone(), reports.clone(), closing.clone());
+        let ctx = AdmitCtx {
+            secret,
+            job,
+            inbox: tx,
+            events: ev,
+            reports: rep,
+            clock,
+            max_frame_bytes: cluster.max_frame_bytes,
+            heartbeat_interval_ms: cluster.heartbeat_interval_ms,
+            next_id: Default::default(),
+            handshakes: Default::default(),
+        };
         std::thread::Builder::new()
             .name("cutline-accept".into())
-            .spawn(move || accept_workers(listener, secret, job, tx, ev, rep, clock, max, closing2))
+            .spawn(move || accept_workers(listener, Arc::new(ctx), closing2))
             .map_err(RunError::Spawn)?;
         if cfg.verbose {
             eprintln!("cutline: coordinator waiting for {} worker(s) on {}", cluster.workers, cluster.listen);
@@ -236,10 +247,11 @@ impl ClusterBackend {
             source_workers: Vec::new(),
             generation: None,
             deployed_once: false,
-            last_beat: Instant::now(),
             clock,
             verbose: cfg.verbose,
             closing,
+            listen_addr,
+            lost: None,
         })
     }
 
@@ -267,13 +279,16 @@ impl ClusterBackend {
         if let Some(c) = self.workers.remove(&w) {
             eprintln!("cutline: worker {w} ({}) lost: {why}", c.name);
             let _ = c.stream.shutdown(Shutdown::Both);
+            if self.members.contains(&w) {
+                self.lost.get_or_insert(format!("worker {w} lost: {why}"));
+            }
         }
     }
 
     /// Take in what arrived: joins, losses, answers. Returns the answers (for a waiting caller) and
     /// the reason to fail over, if a member of the current generation was lost.
     fn pump_inbox(&mut self, answers: &mut Vec<(u32, ToCoordinator)>) -> Option<String> {
-        let mut lost_member = None;
+        let mut lost_member = self.lost.take();
         while let Ok(m) = self.inbox.try_recv() {
             match m {
                 Inbox::Joined(w, conn) => {
@@ -308,14 +323,9 @@ impl ClusterBackend {
                 lost_member.get_or_insert(format!("worker {w} lost: {why}"));
             }
         }
-        if self.last_beat.elapsed() >= Duration::from_millis(self.cluster.heartbeat_interval_ms) {
-            self.last_beat = Instant::now();
-            let beat = frame(&ToWorker::Heartbeat);
-            for w in self.workers.keys().copied().collect::<Vec<_>>() {
-                self.send(w, beat.clone());
-            }
-        }
-        lost_member
+        // (Heartbeats to workers go from each worker's writer thread: a coordinator loop busy with
+        // storage never makes its workers think it is gone.)
+        lost_member.or_else(|| self.lost.take())
     }
 
     /// Wait for enough workers for the next generation.
@@ -359,54 +369,65 @@ fn frame<M: serde::Serialize>(m: &M) -> Vec<u8> {
     f
 }
 
-/// Accept workers: authenticate, hand them the job, and start a reader and a writer per connection.
-#[allow(clippy::too_many_arguments)]
-fn accept_workers(
-    listener: TcpListener,
+/// What the acceptor and every admission share.
+struct AdmitCtx {
     secret: Secret,
-    job: Vec<u8>,
+    job: JobInfo,
     inbox: Sender<Inbox>,
     events: EventSink,
     reports: Reports,
     clock: Instant,
     max_frame_bytes: u32,
-    closing: Arc<AtomicBool>,
-) {
-    let next_id = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    heartbeat_interval_ms: u64,
+    /// Ids go to authenticated workers only.
+    next_id: std::sync::atomic::AtomicU32,
+    /// Handshakes in progress.
+    handshakes: std::sync::atomic::AtomicUsize,
+}
+
+/// Handshakes in progress at once; more connections are closed at once (a flood of unauthenticated
+/// peers costs a bounded number of threads).
+const MAX_PENDING_HANDSHAKES: usize = 64;
+/// Frame limit before a peer is authenticated: hellos are small.
+const HANDSHAKE_MAX_FRAME_BYTES: u32 = 64 << 10;
+
+/// Accept workers: authenticate, hand them the job, and start a reader and a writer per connection.
+fn accept_workers(listener: TcpListener, ctx: Arc<AdmitCtx>, closing: Arc<AtomicBool>) {
     for stream in listener.incoming() {
         if closing.load(Ordering::SeqCst) {
             return;
         }
         let Ok(stream) = stream else { continue };
-        let id = next_id.fetch_add(1, Ordering::SeqCst);
-        let (secret, job, inbox, events, reports) =
-            (secret.clone(), job.clone(), inbox.clone(), events.clone(), reports.clone());
+        if ctx.handshakes.fetch_add(1, Ordering::SeqCst) >= MAX_PENDING_HANDSHAKES {
+            ctx.handshakes.fetch_sub(1, Ordering::SeqCst);
+            eprintln!(
+                "cutline: refused a connection from {}: {MAX_PENDING_HANDSHAKES} handshakes already in progress",
+                stream.peer_addr().map(|a| a.to_string()).unwrap_or_default()
+            );
+            continue;
+        }
+        let ctx = ctx.clone();
         // Each handshake on its own thread: a slow or hostile peer holds up no one else.
-        let _ = std::thread::Builder::new()
-            .name("cutline-admit".into())
-            .spawn(move || admit(stream, id, &secret, &job, &inbox, &events, &reports, clock, max_frame_bytes));
+        let spawned = std::thread::Builder::new().name("cutline-admit".into()).spawn(move || {
+            admit(stream, &ctx);
+        });
+        if spawned.is_err() {
+            // The closure (and its count) is gone with the failed spawn; the count stays one high,
+            // which only lowers the limit.
+            continue;
+        }
     }
 }
 
 /// Authenticate one connection; if it is a worker of our version, hand it the job and start its
 /// reader and writer.
-#[allow(clippy::too_many_arguments)]
-fn admit(
-    mut stream: TcpStream,
-    id: u32,
-    secret: &Secret,
-    job: &[u8],
-    inbox: &Sender<Inbox>,
-    events: &EventSink,
-    reports: &Reports,
-    clock: Instant,
-    max_frame_bytes: u32,
-) {
+fn admit(mut stream: TcpStream, ctx: &AdmitCtx) {
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-    let welcome = proto::encode(&WelcomeHello { version: version(), worker: id });
-    let hello = match wire::handshake_server(&mut stream, secret, &welcome, max_frame_bytes)
-        .and_then(|h| proto::decode::<JoinHello>(&h))
-    {
+    let welcome = proto::encode(&WelcomeHello { version: version() });
+    let hello = wire::handshake_server(&mut stream, &ctx.secret, &welcome, HANDSHAKE_MAX_FRAME_BYTES)
+        .and_then(|h| proto::decode::<JoinHello>(&h));
+    ctx.handshakes.fetch_sub(1, Ordering::SeqCst);
+    let hello = match hello {
         Ok(h) => h,
         Err(e) => {
             eprintln!("cutline: refused a connection from {peer}: {e}");
@@ -422,20 +443,39 @@ fn admit(
         );
         return;
     }
+    let id = ctx.next_id.fetch_add(1, Ordering::SeqCst);
+    let (clock, max_frame_bytes) = (ctx.clock, ctx.max_frame_bytes);
+    let job = frame(&ToWorker::Job { worker: id, job: ctx.job.clone() });
     let last_heard = Arc::new(AtomicU64::new(clock.elapsed().as_millis() as u64));
     let (out_tx, out_rx) = crossbeam_channel::bounded::<Vec<u8>>(WORKER_QUEUE_MESSAGES);
-    let _ = out_tx.try_send({
-        let mut f = Vec::new();
-        wire::write_frame(&mut f, KIND_MESSAGE, job).expect("memory");
-        f
-    });
+    let _ = out_tx.try_send(job);
     let (Ok(r), Ok(w)) = (stream.try_clone(), stream.try_clone()) else { return };
-    // Writer.
+    let Ok(conn_stream) = stream.try_clone() else { return };
+    // Known to the coordinator before its reader can report it lost.
+    let conn = WorkerConn {
+        name: hello.name,
+        data_addr: hello.data_addr,
+        out: out_tx,
+        stream: conn_stream,
+        last_heard: last_heard.clone(),
+    };
+    if ctx.inbox.send(Inbox::Joined(id, conn)).is_err() {
+        return;
+    }
+    let (inbox, events, reports) = (&ctx.inbox, &ctx.events, &ctx.reports);
+    // Writer: the coordinator's messages, and a heartbeat whenever nothing was sent for an interval.
     let inbox_w = inbox.clone();
+    let beat = Duration::from_millis(ctx.heartbeat_interval_ms);
     let spawned_writer = std::thread::Builder::new().name(format!("cutline-to-worker-{id}")).spawn(move || {
         let mut w = BufWriter::new(w);
         let _ = w.get_ref().set_write_timeout(Some(Duration::from_secs(10)));
-        while let Ok(f) = out_rx.recv() {
+        let heartbeat = frame(&ToWorker::Heartbeat);
+        loop {
+            let f = match out_rx.recv_timeout(beat) {
+                Ok(f) => f,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => heartbeat.clone(),
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+            };
             let r = w.write_all(&f).and_then(|()| if out_rx.is_empty() { w.flush() } else { Ok(()) });
             if let Err(e) = r {
                 let _ = inbox_w.send(Inbox::Lost(id, format!("sending to it failed: {e}")));
@@ -482,10 +522,8 @@ fn admit(
     });
     if spawned_writer.is_err() || spawned_reader.is_err() {
         let _ = stream.shutdown(Shutdown::Both);
-        return;
+        let _ = inbox.send(Inbox::Lost(id, "cannot start its threads".into()));
     }
-    let conn = WorkerConn { name: hello.name, data_addr: hello.data_addr, out: out_tx, stream, last_heard };
-    if inbox.send(Inbox::Joined(id, conn)).is_err() {}
 }
 
 impl Backend for ClusterBackend {
@@ -633,8 +671,13 @@ impl ClusterBackend {
         }
         // Let the writers deliver it; workers exit when they read it.
         std::thread::sleep(Duration::from_millis(100));
-        if let Ok(addr) = self.cluster.listen.parse::<SocketAddr>() {
-            // Wake the acceptor so that it sees `closing`.
+        if let Some(addr) = self.listen_addr {
+            // Wake the acceptor so that it sees `closing` (0.0.0.0 is reached through loopback).
+            let addr = if addr.ip().is_unspecified() {
+                SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+            } else {
+                addr
+            };
             let _ = TcpStream::connect_timeout(&addr, Duration::from_millis(100));
         }
     }
@@ -676,7 +719,7 @@ pub type JobBuilder = dyn Fn(&[String]) -> Result<(JobGraph, String), String>;
 pub type StoreOpener = dyn Fn(&str) -> Result<Arc<dyn CheckpointStore>, String>;
 
 /// Data links arriving from other workers, until the deployment they belong to takes them.
-type Inbound = Arc<(Mutex<HashMap<(Generation, u32), TcpStream>>, Condvar)>;
+type Inbound = Arc<(Mutex<HashMap<(Generation, u32, u32), TcpStream>>, Condvar)>;
 
 /// Run a worker until its coordinator says the job is over (Ok), or no coordinator can be reached
 /// for `rejoin_timeout_ms` (Err).
@@ -753,27 +796,35 @@ fn connect(addr: &str) -> std::io::Result<TcpStream> {
 }
 
 fn accept_links(listener: TcpListener, secret: Secret, inbound: Inbound) {
+    let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
         let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-        let inbound = inbound.clone();
-        let secret = secret.clone();
+        if pending.fetch_add(1, Ordering::SeqCst) >= MAX_PENDING_HANDSHAKES {
+            pending.fetch_sub(1, Ordering::SeqCst);
+            eprintln!("cutline: refused a data connection from {peer}: too many handshakes in progress");
+            continue;
+        }
+        let (inbound, secret, pending) = (inbound.clone(), secret.clone(), pending.clone());
         // Handshakes run on their own thread: a slow or hostile peer cannot hold up the others.
         let _ = std::thread::Builder::new().name("cutline-data-handshake".into()).spawn(move || {
-            let hello = match wire::handshake_server(&mut stream, &secret, b"", wire::DEFAULT_MAX_FRAME_BYTES)
-                .and_then(|h| proto::decode::<DataHello>(&h))
-            {
+            let hello = wire::handshake_server(&mut stream, &secret, b"", HANDSHAKE_MAX_FRAME_BYTES)
+                .and_then(|h| proto::decode::<DataHello>(&h));
+            pending.fetch_sub(1, Ordering::SeqCst);
+            let hello = match hello {
                 Ok(h) => h,
                 Err(e) => {
                     eprintln!("cutline: refused a data connection from {peer}: {e}");
                     return;
                 }
             };
+            // Keyed by its addressee too: the deployment takes only links addressed to this worker's
+            // id under its current coordinator (a link for a stale address is never used).
             let (map, cv) = &*inbound;
             let mut m = map.lock().expect("inbound links");
             // Links of generations older than this one will never be taken.
-            m.retain(|(g, _), _| *g >= hello.generation);
-            m.insert((hello.generation, hello.from), stream);
+            m.retain(|(g, _, _), _| *g >= hello.generation);
+            m.insert((hello.generation, hello.from, hello.to), stream);
             cv.notify_all();
         });
     }
@@ -790,7 +841,8 @@ struct LocalGeneration {
     threads: GenerationThreads,
     /// Links: dropped after the tasks (see `teardown`).
     links: Vec<Link>,
-    events: Receiver<RtEvent>,
+    /// The tasks' and writers' events; `None` once all of them are gone.
+    events: Option<Receiver<RtEvent>>,
     acks: AckAggregator,
     /// Per local task: id, name, flow-control counters and input probes (for heartbeats).
     metrics: Vec<(TaskId, String, Arc<crate::runtime::TaskMetrics>, Vec<crate::channel::ChannelProbe>)>,
@@ -838,15 +890,20 @@ fn session(
             version()
         ));
     }
-    let me = welcome.worker;
     let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
     let mut buf = Vec::new();
-    let (args, fingerprint, state, settings) =
+    let (me, JobInfo { args, fingerprint, state, settings }) =
         match proto::read_message::<ToWorker>(&mut reader, wire::DEFAULT_MAX_FRAME_BYTES, &mut buf) {
-            Ok(ToWorker::Job { args, fingerprint, state, settings }) => (args, fingerprint, state, settings),
+            Ok(ToWorker::Job { worker, job }) => (worker, job),
             Ok(other) => return Err(format!("expected the job from the coordinator, got {other:?}")),
             Err(e) => return Err(format!("reading the job from the coordinator: {e}")),
         };
+    // Alive from now on, also while the job is built and the store opened below.
+    {
+        let mut w = &stream;
+        let _ =
+            wire::write_frame(&mut w, KIND_MESSAGE, &proto::encode(&ToCoordinator::Heartbeat { tasks: Vec::new() }));
+    }
     if job_cache.as_ref().is_none_or(|(a, _, _)| *a != args) {
         let (graph, fp) = build(&args).map_err(|e| format!("cannot build the job {args:?}: {e}"))?;
         *job_cache = Some((args.clone(), graph, fp));
@@ -912,7 +969,7 @@ fn session(
     let end = loop {
         let tick = Duration::from_millis(5);
         let never = crossbeam_channel::never();
-        let ev_rx = current.as_ref().map(|g| &g.events).unwrap_or(&never);
+        let ev_rx = current.as_ref().and_then(|g| g.events.as_ref()).unwrap_or(&never);
         let never_deploy = crossbeam_channel::never();
         let deploy_rx = deploying.as_ref().map(|(_, _, rx)| rx).unwrap_or(&never_deploy);
         let mut to_send: Vec<TaskEvent> = Vec::new();
@@ -936,7 +993,7 @@ fn session(
                                 }
                                 queued = Some(d);
                             } else {
-                                deploying = Some(start_deploy(&ctx, d));
+                                deploying = Some(start_deploy(&ctx, d, Instant::now()));
                             }
                         }
                         ToWorker::Control { generation, control, sources_only } => {
@@ -947,6 +1004,9 @@ fn session(
                         ToWorker::Cancel { generation } => {
                             if let Some(g) = current.take_if(|g| g.generation <= generation) {
                                 g.teardown();
+                            }
+                            if queued.as_ref().is_some_and(|d| d.generation <= generation) {
+                                queued = None;
                             }
                             match &deploying {
                                 // Answered once the deployment in progress is undone.
@@ -991,7 +1051,7 @@ fn session(
                     });
                 }
                 if let Some(d) = queued.take() {
-                    deploying = Some(start_deploy(&ctx, d));
+                    deploying = Some(start_deploy(&ctx, d, Instant::now()));
                 }
                 if let Some(a) = answer {
                     if let Err(e) = send(&mut out, &a) {
@@ -999,7 +1059,11 @@ fn session(
                     }
                 }
             },
-            recv(ev_rx) -> ev => if let (Ok(ev), Some(g)) = (ev, current.as_mut()) {
+            recv(ev_rx) -> ev => if let (Err(_), Some(g)) = (&ev, current.as_mut()) {
+                // Every task and writer of the generation is gone: nothing more will come (and a
+                // disconnected channel is always ready, so stop selecting on it).
+                g.events = None;
+            } else if let (Ok(ev), Some(g)) = (ev, current.as_mut()) {
                 let now = clock.elapsed().as_millis() as u64;
                 let ev = match ev {
                     RtEvent::Coord(e) => e,
@@ -1057,7 +1121,8 @@ struct DeployCtx {
 /// A deployment in progress: its generation, its abort flag, and where its result arrives.
 type Deploying = (Generation, Arc<AtomicBool>, Receiver<Result<LocalGeneration, DeployError>>);
 
-fn start_deploy(ctx: &DeployCtx, d: DeployMsg) -> Deploying {
+/// Start deploying `d`, which arrived at `received` (the task clocks are aligned to that moment).
+fn start_deploy(ctx: &DeployCtx, d: DeployMsg, received: Instant) -> Deploying {
     let (tx, rx) = crossbeam_channel::bounded(1);
     let abort = Arc::new(AtomicBool::new(false));
     let generation = d.generation;
@@ -1072,7 +1137,8 @@ fn start_deploy(ctx: &DeployCtx, d: DeployMsg) -> Deploying {
     };
     let a = abort.clone();
     let spawned = std::thread::Builder::new().name("cutline-deploy".into()).spawn(move || {
-        let r = deploy_here(&c.graph, &c.fingerprint, &c.store, &c.settings, c.me, d, &c.inbound, &c.secret, &a);
+        let r =
+            deploy_here(&c.graph, &c.fingerprint, &c.store, &c.settings, c.me, d, &c.inbound, &c.secret, &a, received);
         let _ = tx.send(r);
     });
     if let Err(e) = spawned {
@@ -1095,7 +1161,15 @@ fn deploy_here(
     inbound: &Inbound,
     secret_for_links: &Secret,
     abort: &AtomicBool,
+    received: Instant,
 ) -> Result<LocalGeneration, DeployError> {
+    let called_off = || {
+        if abort.load(Ordering::SeqCst) {
+            Err(DeployError::Retry("the deployment was called off".into()))
+        } else {
+            Ok(())
+        }
+    };
     let generation = d.generation;
     let mut index = match (&d.savepoint, d.checkpoint) {
         (Some(path), _) => {
@@ -1129,6 +1203,7 @@ fn deploy_here(
         };
     drop(index);
     // Outbound links: one per peer that runs downstream tasks of ours.
+    called_off()?;
     let mut outs_by_peer: BTreeMap<u32, Vec<_>> = BTreeMap::new();
     for (_, peer, pump) in placed.outs {
         outs_by_peer.entry(peer).or_default().push(pump);
@@ -1156,19 +1231,18 @@ fn deploy_here(
     // Inbound links: wait for every peer that runs upstream tasks of ours.
     let deadline = Instant::now() + Duration::from_millis(DEFAULT_DEPLOY_TIMEOUT_MS / 2);
     for (peer, pumps) in ins_by_peer {
+        called_off()?;
         let (map, cv) = &**inbound;
         let mut m = map.lock().expect("inbound links");
         let s = loop {
-            if let Some(s) = m.remove(&(generation, peer)) {
+            if let Some(s) = m.remove(&(generation, peer, me)) {
                 break s;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(DeployError::Retry(format!("worker {peer} did not open its data link to worker {me}")));
             }
-            if abort.load(Ordering::SeqCst) {
-                return Err(DeployError::Retry("the deployment was called off".into()));
-            }
+            called_off()?;
             m = cv.wait_timeout(m, left.min(Duration::from_millis(50))).expect("inbound links").0;
         };
         drop(m);
@@ -1183,7 +1257,10 @@ fn deploy_here(
     let (ev_tx, ev_rx) = crossbeam_channel::unbounded();
     let mut threads = GenerationThreads::default();
     // Task clocks follow the coordinator's (see `DeployMsg::now_ms`).
-    let start = Instant::now().checked_sub(Duration::from_millis(d.now_ms)).unwrap_or_else(Instant::now);
+    let start = received.checked_sub(Duration::from_millis(d.now_ms)).unwrap_or(received);
+    // Called off while restoring or connecting: start nothing (a stale worker's sinks must not run
+    // their recovery next to a newer generation's).
+    called_off()?;
     let spawned = spawn_tasks(
         &mut threads,
         graph,
@@ -1208,7 +1285,7 @@ fn deploy_here(
         generation,
         threads,
         links,
-        events: ev_rx,
+        events: Some(ev_rx),
         acks: AckAggregator::new(generation, local_tasks, DEFAULT_MAX_ACK_HOLD_MS),
         metrics,
     })

@@ -244,7 +244,13 @@ pub(crate) fn carry_out(
                     Err(e) => Err(e),
                 };
                 if committed.is_ok() {
-                    fenced(ctx.store.check_not_fenced(generation))?.ok();
+                    if let Err(e) = fenced(ctx.store.check_not_fenced(generation))? {
+                        // Not known to be still in charge: tell no sink to commit. The next generation
+                        // restores from storage and commits this checkpoint's output if it is not fenced.
+                        return Ok(Carried::FailOver(format!(
+                            "cannot confirm after committing {checkpoint} that no newer coordinator took over: {e}"
+                        )));
+                    }
                 }
                 match committed {
                     Ok(()) => {

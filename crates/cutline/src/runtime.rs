@@ -1085,6 +1085,8 @@ pub(crate) struct GenerationThreads {
     wakers: Vec<Arc<Waker>>,
     tasks: Vec<JoinHandle<()>>,
     writers: Vec<JoinHandle<()>>,
+    /// Set when the generation is torn down: writers skip what is still queued.
+    torn_down: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl GenerationThreads {
@@ -1102,6 +1104,7 @@ impl GenerationThreads {
 
 impl Drop for GenerationThreads {
     fn drop(&mut self) {
+        self.torn_down.store(true, Ordering::SeqCst);
         for ((_, _, c), w) in self.controls.iter().zip(&self.wakers) {
             let _ = c.send(Control::Cancel);
             w.ring();
@@ -1121,8 +1124,14 @@ fn writer_loop(
     events: Sender<RtEvent>,
     store: Arc<dyn CheckpointStore>,
     faults: Faults,
+    torn_down: Arc<std::sync::atomic::AtomicBool>,
 ) {
     for (job, captured) in rx {
+        if torn_down.load(Ordering::SeqCst) {
+            // The generation is being torn down: its snapshots no longer matter, and writing them
+            // (to a slow object store) would only hold up the teardown.
+            continue;
+        }
         let (generation, checkpoint, task) = (job.generation, job.barrier.checkpoint, job.task);
         // A panic while encoding (a user type's Serialize) declines this checkpoint; the writer lives on.
         let ev = catch_unwind(AssertUnwindSafe(|| {
@@ -1216,10 +1225,11 @@ pub(crate) fn spawn_tasks(
         let ev = events.clone();
         let store = store.clone();
         let faults = faults.clone();
+        let torn_down = threads.torn_down.clone();
         threads.writers.push(
             std::thread::Builder::new()
                 .name(format!("cutline-writer-{w}"))
-                .spawn(move || writer_loop(rx, ev, store, faults))
+                .spawn(move || writer_loop(rx, ev, store, faults, torn_down))
                 .map_err(RunError::Spawn)?,
         );
     }

@@ -308,10 +308,20 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
         let keep: BTreeSet<&str> = to_commit.iter().map(|c| c.pending.as_str()).collect();
         let prefix = self.prefix();
         let dir = self.pending_dir();
+        // Incarnations are `generation << 32 | task`: a pending file of a newer generation belongs to
+        // a run that took over from this one (a stale worker starting late), never ours to discard.
+        let own_generation = self.ctx.as_ref().expect("opened").incarnation >> 32;
+        let newer = |name: &str| {
+            name[prefix.len()..]
+                .split('-')
+                .next()
+                .and_then(|i| i.parse::<u64>().ok())
+                .is_some_and(|incarnation| incarnation >> 32 > own_generation)
+        };
         for entry in fs::read_dir(&dir).map_err(|e| io_err("cannot list", &dir, e))? {
             let entry = entry.map_err(|e| io_err("cannot list", &dir, e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&prefix) && !keep.contains(name.as_str()) {
+            if name.starts_with(&prefix) && !keep.contains(name.as_str()) && !newer(&name) {
                 fs::remove_file(entry.path()).map_err(|e| io_err("cannot discard", &entry.path(), e))?;
             }
         }
@@ -619,6 +629,23 @@ mod tests {
         sink.recover(&[]).unwrap();
         other.commit(&[prepared]).unwrap();
         let committed = std::fs::read_to_string(dir.path().join("part-out-1-0-000000000003")).unwrap();
+        assert_eq!(committed, "kept\n");
+    }
+
+    #[test]
+    fn a_stale_incarnation_never_discards_a_newer_generations_transaction_regression_late_worker() {
+        // A worker that started its tasks late (its deployment was called off while it restored) ran
+        // `recover` after the next generation, on another worker, had prepared its transaction.
+        let dir = tempfile::tempdir().unwrap();
+        let mut newer = line_sink(dir.path());
+        newer.open(&ctx("out", 0, (5 << 32) | 3)).unwrap();
+        newer.write("kept".into()).unwrap();
+        let prepared = newer.prepare(CheckpointId(9)).unwrap().expect("a transaction");
+        let mut stale = line_sink(dir.path());
+        stale.open(&ctx("out", 0, (4 << 32) | 3)).unwrap();
+        stale.recover(&[]).unwrap();
+        newer.commit(&[prepared]).unwrap();
+        let committed = std::fs::read_to_string(dir.path().join("part-out-0-000000000009")).unwrap();
         assert_eq!(committed, "kept\n");
     }
 

@@ -500,3 +500,37 @@ fn a_cluster_stopped_with_a_savepoint_resumes_in_one_process() {
     }
     s.check_output("savepoint from a cluster");
 }
+
+/// CPU ticks (user + system) a process has used so far, from /proc.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name (which may hold spaces) are space-separated; utime and stime
+    // are fields 14 and 15 of the whole line.
+    let rest = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split(' ').collect();
+    f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
+}
+
+#[test]
+fn a_worker_without_tasks_sleeps_instead_of_spinning_regression_idle_spin() {
+    // With more workers than subtasks, a worker got no tasks and its loop spun on a closed channel.
+    let mut s = Scratch::new("idle", seed(), 20_000, 100);
+    {
+        let mut c = Cluster::start(&s, 2, &["--parallelism", "1", "--line-delay-us", "150"]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while log_text(&s, "coordinator").matches(" complete in ").count() < 2 {
+            assert!(Instant::now() < deadline, "no checkpoints; logs in {}", s.dir.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let before: Vec<u64> = c.workers.iter().map(|w| cpu_ticks(w.id())).collect();
+        std::thread::sleep(Duration::from_millis(1000));
+        let used: Vec<u64> = c.workers.iter().zip(&before).map(|(w, b)| cpu_ticks(w.id()).saturating_sub(*b)).collect();
+        // One worker runs the paced job (mostly asleep); the other has nothing to do. Neither may
+        // use half a core (1 s is 100 ticks); a spinning loop uses all of one.
+        assert!(used.iter().all(|t| *t < 50), "a worker used {used:?} CPU ticks in 1 s");
+        let st = c.wait(Duration::from_secs(60));
+        assert!(st.success(), "the job failed: {st}");
+    }
+    s.check_output("idle worker");
+}

@@ -379,18 +379,29 @@ pub(crate) fn start_receiver(
                     return;
                 }
                 let seen = waker.rings();
-                let queued: Vec<i64> = pumps.lock().expect("pumps").iter().map(|p| p.queued_batches() as i64).collect();
-                let mut sent = false;
-                for (ch, q) in queued.into_iter().enumerate() {
-                    let free = capacity as i64 - q - granted[ch].load(Ordering::SeqCst);
-                    if free >= burst {
-                        granted[ch].fetch_add(free, Ordering::SeqCst);
-                        let mut msg = (ch as u32).to_be_bytes().to_vec();
-                        msg.extend_from_slice(&(free as u32).to_be_bytes());
-                        if let Err(e) = wire::write_frame_buf(&mut w, KIND_CREDIT, &msg, &mut frame) {
-                            return fail(&failure, &closing, format!("{name}: granting credit failed: {e}"));
-                        }
-                        sent = true;
+                // Queued batches and outstanding credit are read together under the pumps lock,
+                // which the reader holds while it delivers a batch (and takes its credit back), so a
+                // grant never counts a batch twice.
+                let grants: Vec<(usize, i64)> = {
+                    let pumps = pumps.lock().expect("pumps");
+                    pumps
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(ch, p)| {
+                            let free = capacity as i64 - p.queued_batches() as i64 - granted[ch].load(Ordering::SeqCst);
+                            (free >= burst).then(|| {
+                                granted[ch].fetch_add(free, Ordering::SeqCst);
+                                (ch, free)
+                            })
+                        })
+                        .collect()
+                };
+                let sent = !grants.is_empty();
+                for (ch, free) in grants {
+                    let mut msg = (ch as u32).to_be_bytes().to_vec();
+                    msg.extend_from_slice(&(free as u32).to_be_bytes());
+                    if let Err(e) = wire::write_frame_buf(&mut w, KIND_CREDIT, &msg, &mut frame) {
+                        return fail(&failure, &closing, format!("{name}: granting credit failed: {e}"));
                     }
                 }
                 if sent {

@@ -25,11 +25,10 @@ pub(crate) struct JoinHello {
     pub data_addr: String,
 }
 
-/// The coordinator's hello: the id it gives the joining worker (unique per coordinator process).
+/// The coordinator's hello.
 #[derive(Serialize, Deserialize, Debug)]
 pub(crate) struct WelcomeHello {
     pub version: String,
-    pub worker: u32,
 }
 
 /// A data link's hello: which generation's channels it carries, from which worker to which.
@@ -51,6 +50,16 @@ pub(crate) struct WorkerSettings {
     pub snapshot_writers: u32,
     pub max_frame_bytes: u32,
     pub verbose: bool,
+}
+
+/// The job a coordinator runs: the arguments workers build the dataflow from, its fingerprint (the
+/// worker checks it built the same job), where checkpoints go, and the settings every worker uses.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub(crate) struct JobInfo {
+    pub args: Vec<String>,
+    pub fingerprint: String,
+    pub state: String,
+    pub settings: WorkerSettings,
 }
 
 /// Deploy one generation: the tasks placed on the receiving worker, restored from a checkpoint.
@@ -103,11 +112,11 @@ impl WireControl {
 pub(crate) enum ToWorker {
     /// The job every generation runs: the arguments the worker builds its dataflow from, the job's
     /// fingerprint (the worker checks it built the same job), and where checkpoints go.
+    /// The id the coordinator gives the worker (unique per coordinator process, given only after
+    /// the handshake), and the job every generation runs: see [`JobInfo`].
     Job {
-        args: Vec<String>,
-        fingerprint: String,
-        state: String,
-        settings: WorkerSettings,
+        worker: u32,
+        job: JobInfo,
     },
     Deploy(DeployMsg),
     Control {
