@@ -158,6 +158,10 @@ impl<S: CheckpointStore> CheckpointStore for FaultyStore<S> {
         self.check(StoreOp::ClaimGenerationAfterWrite { generation })
     }
 
+    fn release_generation(&self, generation: Generation) -> Result<(), StorageError> {
+        self.inner.release_generation(generation)
+    }
+
     fn generations(&self) -> Result<Vec<GenerationRecord>, StorageError> {
         self.inner.generations()
     }

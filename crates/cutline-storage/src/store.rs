@@ -117,6 +117,12 @@ pub trait CheckpointStore: Send + Sync {
     /// that lost the race leaves no record with an older restore point behind.
     fn claim_generation(&self, record: &GenerationRecord) -> Result<(), StorageError>;
 
+    /// Remove the record of `generation`, claimed by this caller, before the generation ran anything:
+    /// its start found that an older generation completed a checkpoint between the start's listing and
+    /// its claim, which the record would fence although that checkpoint's sinks may have committed.
+    /// The caller then starts over (and sees that checkpoint).
+    fn release_generation(&self, generation: Generation) -> Result<(), StorageError>;
+
     /// Every generation record, ascending. A damaged record is an error (as a damaged `job.meta` is).
     fn generations(&self) -> Result<Vec<GenerationRecord>, StorageError>;
 
@@ -380,6 +386,9 @@ macro_rules! impl_checkpoint_store {
             }
             fn claim_generation(&self, record: &$crate::GenerationRecord) -> Result<(), $crate::StorageError> {
                 $crate::store::ops::claim_generation(self, record)
+            }
+            fn release_generation(&self, generation: ::cutline_core::Generation) -> Result<(), $crate::StorageError> {
+                $crate::store::ops::release_generation(self, generation)
             }
             fn generations(&self) -> Result<Vec<$crate::GenerationRecord>, $crate::StorageError> {
                 $crate::store::ops::generations(self)
@@ -755,6 +764,11 @@ pub(crate) mod ops {
             }
             _ => None,
         })
+    }
+
+    pub fn release_generation<F: Files>(fs: &F, generation: Generation) -> Result<(), StorageError> {
+        fs.remove_file(&generation_path(generation))?;
+        fs.sync_dir(GENERATIONS_DIR)
     }
 
     pub fn claim_generation<F: Files>(fs: &F, record: &GenerationRecord) -> Result<(), StorageError> {

@@ -48,7 +48,7 @@ pub use cutline_core::barrier::{Alignment, CheckpointMode, SnapshotKind};
 pub use cutline_core::coordinator::CheckpointConfig;
 pub use cutline_core::restart::RestartStrategy;
 pub use cutline_core::{CheckpointId, Generation};
-pub use cutline_storage::{CheckpointStore, GenerationRecord, LocalDirStore, MemStore};
+pub use cutline_storage::{CheckpointStore, GenerationRecord, LocalDirStore, Manifest, MemStore};
 pub use driver::FailedCheckpoint;
 pub use emit::DEFAULT_BATCH_SIZE;
 pub use fault::{FaultPoint, Faults};

@@ -464,6 +464,31 @@ pub(crate) fn claim_generation(
     })
 }
 
+/// Times a start begins again because another coordinator completed a checkpoint between the start's
+/// listing and its claim, before it gives up (two coordinators are running).
+const MAX_GAP_RETRIES: u32 = 3;
+
+/// The newest checkpoint with a manifest (complete or fenced); `None` if none or unreadable.
+fn newest_manifest(store: &dyn CheckpointStore) -> Option<CheckpointId> {
+    store.list_checkpoints().ok()?.iter().filter(|l| l.complete || l.fenced).map(|l| l.id).max()
+}
+
+/// After a claim: a checkpoint with a manifest above everything the start saw (`before`, what it
+/// restored or skipped), which an older coordinator committed in between.
+fn committed_meanwhile(
+    store: &dyn CheckpointStore,
+    before: Option<CheckpointId>,
+    index: &RestoreIndex,
+    restored: Option<CheckpointId>,
+) -> Result<Option<CheckpointId>, StorageError> {
+    let seen = before
+        .into_iter()
+        .chain(restored.filter(|_| index.savepoint.is_none()))
+        .chain(index.skipped.iter().copied())
+        .max();
+    Ok(store.list_checkpoints()?.iter().filter(|l| (l.complete || l.fenced) && Some(l.id) > seen).map(|l| l.id).max())
+}
+
 /// A request to a running job (see [`JobHandle`]).
 pub(crate) enum Command {
     Stop,
@@ -672,8 +697,12 @@ pub(crate) fn run_on(
     let mut coordinator: Option<Coordinator<AckReport>> = None;
     let mut failed_at: Option<Instant> = None;
     let mut savepoint: Option<SavepointRequest> = None;
+    let mut gap_retries = 0u32;
     loop {
         let mode = coordinator.as_ref().map(|c| c.config().mode).unwrap_or(cfg.checkpoint.mode);
+        // The newest manifest in storage before this start looks: one that appears above it (and above
+        // what the start restores) by the time the generation is claimed was committed in between.
+        let manifests_before = newest_manifest(&*store);
         let (index, restored) = match restore_latest(&cfg, graph, mode) {
             Ok(r) => r,
             // Storage that fails to answer (not damaged data) may answer later: a failure like any other.
@@ -698,8 +727,26 @@ pub(crate) fn run_on(
         };
         // Establish this generation (create-if-absent): a second coordinator of the job stops here,
         // and manifests older generations complete from now on above what this start saw are fenced.
-        match claim_generation(&*store, &cfg.job_fingerprint, generation, &index, restored) {
-            Ok(()) => {}
+        match claim_generation(&*store, &cfg.job_fingerprint, generation, &index, restored)
+            .and_then(|()| committed_meanwhile(&*store, manifests_before, &index, restored))
+        {
+            Ok(None) => {}
+            Ok(Some(c)) => {
+                // An older coordinator completed `c` after this start listed the checkpoints and
+                // before it claimed the generation: its sinks may have committed `c`, so it must not
+                // stay fenced. Take the claim back and start over, which restores `c`.
+                gap_retries += 1;
+                if gap_retries > MAX_GAP_RETRIES {
+                    return Err(RunError::Superseded(format!(
+                        "another coordinator keeps completing checkpoints of this job ({c} the latest) while this one starts: stop it first"
+                    )));
+                }
+                log(&cfg, || format!("{generation}: checkpoint {c} completed while starting; starting over"));
+                if let Err(e) = store.release_generation(generation) {
+                    return Err(RunError::Storage(e));
+                }
+                continue;
+            }
             Err(e @ (StorageError::GenerationTaken { .. } | StorageError::Superseded { .. })) => {
                 return Err(RunError::Superseded(e.to_string()))
             }

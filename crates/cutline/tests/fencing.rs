@@ -58,3 +58,67 @@ fn a_coordinator_superseded_by_a_newer_generation_stops_without_committing_more(
     assert_eq!(out.lock().unwrap().committed_records().len(), committed_after, "commits after the job stopped");
     assert!(committed_after >= c_then);
 }
+
+/// Guards against: an older coordinator completed checkpoint c after a new one listed the
+/// checkpoints but before it claimed its generation; the claim then fenced c although the old
+/// coordinator's sinks could already have committed it, and the new one restored an older checkpoint.
+/// Now the start sees c appear, takes its claim back, and starts over from c.
+#[test]
+fn a_checkpoint_completed_between_a_starts_listing_and_its_claim_is_restored_not_fenced_regression_gap() {
+    use cutline::{FaultPoint, Faults, Manifest, RestartStrategy};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const RECORDS: u64 = 3_000;
+    let dir = tempfile::tempdir().unwrap();
+    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let graph = {
+        let job = Job::new("gap");
+        job.source("numbers", GeneratorSource::new(RECORDS, |i| i % 7))
+            .map(|k: u64| {
+                std::thread::sleep(Duration::from_micros(20));
+                k
+            })
+            .key_by(|k: &u64| *k)
+            .aggregate("count", || 0u64, |c, _k| *c += 1, |k, c| format!("{k}:{c}"))
+            .sink("out", MemoryTxnSink::new(out.clone()));
+        job.build().unwrap()
+    };
+    // A first run stops (crashes) after a few committed checkpoints.
+    let mut cfg = RunConfig::new(Arc::new(LocalDirStore::open(dir.path()).unwrap()), "gap-v1");
+    cfg.checkpoint.interval_ms = Some(5);
+    cfg.batch_size = 16;
+    let commits = Arc::new(AtomicU64::new(0));
+    let c2 = commits.clone();
+    cfg.faults = Faults::new(move |p| p == FaultPoint::SinkCommit && c2.fetch_add(1, Ordering::SeqCst) + 1 == 4);
+    cfg.restart = RestartStrategy::None;
+    cutline::run(&graph, cfg).expect_err("the injected crash");
+    // The "old coordinator": completes one more checkpoint (the same state as its latest) exactly when
+    // the new start claims its generation, i.e. after the start listed the checkpoints.
+    let old = LocalDirStore::open(dir.path()).unwrap();
+    let latest = old.latest_complete().unwrap().expect("a complete checkpoint");
+    let gap = cutline::CheckpointId(old.max_checkpoint_id_seen().unwrap().unwrap().0 + 1);
+    let m = old.read_manifest(latest).unwrap();
+    let late = Manifest::new("gap-v1", gap, m.generation, 0, false, m.tasks.clone());
+    let done = Arc::new(AtomicBool::new(false));
+    let d2 = done.clone();
+    let store = cutline_storage::FaultyStore::new(LocalDirStore::open(dir.path()).unwrap(), move |op| {
+        if matches!(op, cutline_storage::StoreOp::ClaimGeneration { .. }) && !d2.swap(true, Ordering::SeqCst) {
+            old.commit_manifest(&late).unwrap();
+        }
+        false
+    });
+    let mut cfg = RunConfig::new(Arc::new(store), "gap-v1");
+    cfg.checkpoint.interval_ms = Some(5);
+    cfg.batch_size = 16;
+    let report = cutline::run(&graph, cfg).expect("the second run finishes");
+    assert!(done.load(Ordering::SeqCst), "the late commit happened");
+    assert_eq!(report.restored_from, Some(gap), "the start must restore the checkpoint completed meanwhile");
+    let mut got = out.lock().unwrap().committed_records();
+    got.sort();
+    let mut want = Vec::new();
+    for k in 0..7u64 {
+        let n = (0..RECORDS).filter(|i| i % 7 == k).count();
+        want.extend((1..=n).map(|c| format!("{k}:{c}")));
+    }
+    want.sort();
+    assert_eq!(got, want, "exactly the failure-free output");
+}
