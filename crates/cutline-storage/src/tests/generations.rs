@@ -683,3 +683,25 @@ fn a_zombie_gc_keeps_the_newer_generation_restore_point() {
         assert_eq!(s.list_checkpoints().unwrap().len(), 1, "{}", h.name);
     }
 }
+
+/// A start that found a checkpoint committed between its listing and its claim releases the claim:
+/// the checkpoint it fenced is complete again, and the generation can be claimed anew.
+fn a_released_claim_fences_nothing_and_can_be_claimed_again(h: &Harness) {
+    let s = &*h.store;
+    commit(s, 4, 1);
+    s.claim_generation(&record(2, Some(4), "new")).unwrap();
+    commit(s, 5, 1); // the old coordinator, in the gap
+    assert_eq!(s.latest_complete().unwrap(), Some(CheckpointId(4)), "fenced by the claim");
+    s.release_generation(Generation(2)).unwrap();
+    assert_eq!(s.latest_complete().unwrap(), Some(CheckpointId(5)), "complete again once released");
+    assert_eq!(s.latest_generation().unwrap(), None);
+    s.claim_generation(&record(2, Some(5), "new")).unwrap();
+    assert_eq!(s.latest_complete().unwrap(), Some(CheckpointId(5)));
+    commit(s, 6, 1); // a later zombie commit is fenced by the new claim
+    assert_eq!(s.latest_complete().unwrap(), Some(CheckpointId(5)));
+}
+
+#[test]
+fn a_released_claim_fences_nothing_and_can_be_claimed_again_on_every_store() {
+    Harness::both().iter().for_each(a_released_claim_fences_nothing_and_can_be_claimed_again);
+}
