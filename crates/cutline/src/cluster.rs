@@ -725,6 +725,11 @@ type Inbound = Arc<(Mutex<HashMap<(Generation, u32, u32), TcpStream>>, Condvar)>
 /// for `rejoin_timeout_ms` (Err).
 pub fn run_worker(cfg: WorkerConfig, build: &JobBuilder, open_store: &StoreOpener) -> Result<(), String> {
     let secret = Secret::new(cfg.secret.clone())?;
+    // A malformed address never gets better: refuse it now, not after the rejoin timeout.
+    match cfg.join.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {}
+        _ => return Err(format!("the coordinator address {:?} is not HOST:PORT (e.g. 10.0.0.1:7070)", cfg.join)),
+    }
     let listener = TcpListener::bind(&cfg.listen)
         .map_err(|e| format!("cannot listen for data links on {}: {e}; choose another --listen address", cfg.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;

@@ -400,13 +400,24 @@ fn peers_without_the_secret_and_garbage_bytes_are_refused_without_disturbing_the
 }
 
 #[test]
-fn a_cluster_without_a_secret_is_refused_with_advice() {
+fn a_worker_without_a_secret_or_with_a_bad_address_is_refused_with_advice() {
     let out =
         Command::new(BIN).args(["worker", "--join", "127.0.0.1:1"]).env_remove("CUTLINE_SECRET_FILE").output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--secret-file") && err.contains("urandom"), "{err}");
-    let _ = Path::new("");
+    // A coordinator address without a port is refused at once, not retried.
+    let t = Instant::now();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("secret"), SECRET).unwrap();
+    let out = Command::new(BIN)
+        .args(["worker", "--join", "coordinator-host", "--secret-file"])
+        .arg(dir.path().join("secret"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("HOST:PORT"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(10), "refused at once, not after the rejoin timeout");
 }
 
 /// Checkpoints on a real S3-compatible server (started by `scripts/test`): a worker and the
