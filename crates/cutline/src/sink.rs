@@ -44,7 +44,9 @@ pub trait Sink<T>: Send + 'static {
     /// Called once before anything else, after a restore or at a fresh start.
     fn open(&mut self, ctx: &SinkContext) -> Result<(), String>;
     /// Commit `to_commit` (prepared by the restored, complete checkpoint) and discard every other
-    /// uncommitted transaction of this subtask.
+    /// uncommitted transaction of this subtask, except those of a newer generation
+    /// (`SinkContext::incarnation >> 32` is the generation): in a cluster a stale worker may run its
+    /// recovery after a newer generation started elsewhere, and those transactions are not its own.
     fn recover(&mut self, to_commit: &[Self::Committable]) -> Result<(), String>;
     /// Write one record into the open transaction.
     fn write(&mut self, item: T) -> Result<(), String>;
