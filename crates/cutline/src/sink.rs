@@ -292,6 +292,14 @@ fn same_file(_a: &Path, _b: &Path) -> bool {
     false
 }
 
+/// Does a transaction name (after the sink's prefix: `<incarnation>-<seq>...`) belong to a newer
+/// generation than incarnation `own`? Incarnations are `generation << 32 | task`; a newer
+/// generation's transaction belongs to a run that took over from this one (a stale worker starting
+/// late), and is never this one's to discard.
+fn of_a_newer_generation(rest: &str, own: u64) -> bool {
+    rest.split('-').next().and_then(|i| i.parse::<u64>().ok()).is_some_and(|incarnation| incarnation >> 32 > own >> 32)
+}
+
 fn fsync_dir(p: &Path) -> Result<(), String> {
     File::open(p).and_then(|d| d.sync_all()).map_err(|e| io_err("fsync of directory", p, e))
 }
@@ -310,16 +318,8 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
         let keep: BTreeSet<&str> = to_commit.iter().map(|c| c.pending.as_str()).collect();
         let prefix = self.prefix();
         let dir = self.pending_dir();
-        // Incarnations are `generation << 32 | task`: a pending file of a newer generation belongs to
-        // a run that took over from this one (a stale worker starting late), never ours to discard.
-        let own_generation = self.ctx.as_ref().expect("opened").incarnation >> 32;
-        let newer = |name: &str| {
-            name[prefix.len()..]
-                .split('-')
-                .next()
-                .and_then(|i| i.parse::<u64>().ok())
-                .is_some_and(|incarnation| incarnation >> 32 > own_generation)
-        };
+        let own = self.ctx.as_ref().expect("opened").incarnation;
+        let newer = |name: &str| of_a_newer_generation(&name[prefix.len()..], own);
         for entry in fs::read_dir(&dir).map_err(|e| io_err("cannot list", &dir, e))? {
             let entry = entry.map_err(|e| io_err("cannot list", &dir, e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -558,8 +558,9 @@ impl<T: std::fmt::Display + Send + 'static> Sink<T> for MemoryTxnSink {
     fn recover(&mut self, to_commit: &[String]) -> Result<(), String> {
         <Self as Sink<T>>::commit(self, to_commit)?;
         let prefix = self.prefix();
+        let own = self.ctx.as_ref().expect("opened").incarnation;
         let mut s = self.store.lock().expect("store lock");
-        s.prepared.retain(|k, _| !k.starts_with(&prefix));
+        s.prepared.retain(|k, _| !k.starts_with(&prefix) || of_a_newer_generation(&k[prefix.len()..], own));
         Ok(())
     }
     fn write(&mut self, item: T) -> Result<(), String> {
