@@ -1,7 +1,7 @@
 //! Failure injection for drills and the simulation: named points in the task and storage paths where a
 //! policy may make the operation fail. Off (and free) unless a policy is installed.
 
-use crate::message::TaskError;
+use crate::error::TaskError;
 use std::sync::Arc;
 
 /// A place where a failure can be injected.

@@ -20,46 +20,47 @@
 //! let report = cutline::run(&graph, RunConfig::new(store, "counts-v1")).unwrap();
 //! println!("{} checkpoints", report.checkpoints_completed);
 //! ```
+//!
+//! Layers, lowest first (a module never imports one above it):
+//! - [`channel`]: the in-process data plane (bounded channels, wakers, encoding channel ends).
+//! - [`state`]: stable key hashing, snapshot images, the restore index.
+//! - [`connectors`]: the [`Source`] and [`Sink`] contracts and the built-in sources and sinks.
+//! - [`dataflow`]: the API ([`Job`], [`Stream`]), operators, task bodies and the [`JobGraph`].
+//! - [`runtime`]: the run loop, task control planes, threads, savepoints, [`JobControl`].
+//! - [`cluster`]: coordinator and worker processes over TCP.
+//! - [`admin`]: the local admin socket of a running job.
+//! - `testing` (feature `testing`): the deterministic simulation, the coordinator benchmark, fault
+//!   injection.
 
 pub mod admin;
-mod api;
-mod channel;
+pub mod channel;
 pub mod cluster;
-pub mod coordbench;
-mod driver;
-mod emit;
+pub mod connectors;
+pub mod dataflow;
+mod error;
 mod fault;
-mod graph;
-mod message;
-mod net;
 pub mod runtime;
-mod savepoint;
-pub mod sim;
-mod sink;
-mod source;
-mod state;
-mod task;
+pub mod state;
+#[cfg(feature = "testing")]
+pub mod testing;
 
-pub mod jobs;
-
-pub use api::{ConnectedStreams, Data, Either, GraphError, Job, KeyedStream, Stream};
-pub use channel::ChannelStats;
+pub use channel::{ChannelStats, Data};
+pub use connectors::{
+    DiscardSink, GeneratorSource, LineFileSource, LineOffset, MemoryTxnSink, MemoryTxnStore, PendingFile, PrintSink,
+    Sink, SinkContext, Source, SourceStatus, TransactionalFileSink,
+};
 pub use cutline_core::barrier::{Alignment, CheckpointMode, SnapshotKind};
 pub use cutline_core::coordinator::CheckpointConfig;
 pub use cutline_core::restart::RestartStrategy;
 pub use cutline_core::{CheckpointId, Generation};
 pub use cutline_storage::{CheckpointStore, GenerationRecord, LocalDirStore, Manifest, MemStore};
-pub use driver::FailedCheckpoint;
-pub use emit::DEFAULT_BATCH_SIZE;
+pub use dataflow::{
+    ConnectedStreams, EdgeKind, Either, GraphError, Job, JobGraph, KeyedStream, Output, Stream, DEFAULT_BATCH_SIZE,
+};
+pub use error::TaskError;
 pub use fault::{FaultPoint, Faults};
-pub use graph::{EdgeKind, JobGraph};
-pub use message::TaskError;
 pub use runtime::{
-    run, spawn, CheckpointSummary, JobControl, JobHandle, JobMetrics, JobReport, RunConfig, RunError, TaskReport,
+    run, spawn, CheckpointSummary, FailedCheckpoint, JobControl, JobHandle, JobMetrics, JobReport, RunConfig, RunError,
+    SavepointInfo, TaskReport,
 };
-pub use savepoint::SavepointInfo;
-pub use sink::{
-    DiscardSink, MemoryTxnSink, MemoryTxnStore, PendingFile, PrintSink, Sink, SinkContext, TransactionalFileSink,
-};
-pub use source::{GeneratorSource, LineFileSource, LineOffset, Source, SourceStatus};
-pub use state::{splitmix64, stable_hash, Output};
+pub use state::{splitmix64, stable_hash};

@@ -2,7 +2,7 @@
 //! crashes, injected failures at every fault point and failing storage writes. A failing seed is printed
 //! and replays exactly with `cutline drill --seed N --sim-seeds 1 --runs 0`.
 
-use cutline::sim::{run_seed, SimAlignment, SimOptions};
+use cutline::testing::sim::{run_seed, SimAlignment, SimOptions};
 use cutline::CheckpointMode;
 
 /// Seeds per scenario: CI runs 10 000; `SIM_SEEDS=n` runs more (or fewer), `SIM_SEED=s` runs only seed s.
@@ -24,7 +24,7 @@ fn run_seeds(name: &str, o: SimOptions, range: std::ops::Range<u64>) {
     let mut crashes = 0;
     let mut cuts = 0;
     let mut late = 0;
-    let mut total = cutline::sim::SimReport::default();
+    let mut total = cutline::testing::sim::SimReport::default();
     for seed in range {
         match run_seed(seed, &o) {
             Ok(r) => {

@@ -1,0 +1,288 @@
+//! Command-line arguments shared by several commands, and what they name: the job a worker rebuilds
+//! from a coordinator's arguments, checkpoint storage by URL, the cluster secret, durations.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use cutline::admin;
+use cutline::{CheckpointConfig, CheckpointStore, LocalDirStore};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Subcommand)]
+pub(crate) enum RunJob {
+    /// Count words of a text file; every count update goes to DIR through the transactional file sink.
+    /// While it runs, it answers `cutline status`, `tune` and `savepoint` on `<state>/admin.sock`.
+    Wordcount(WordcountArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct WordcountArgs {
+    #[arg(long)]
+    pub(crate) input: PathBuf,
+    #[arg(long)]
+    pub(crate) output: PathBuf,
+    #[arg(long)]
+    pub(crate) state: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    pub(crate) parallelism: u32,
+    /// Checkpoint interval (e.g. 200ms, 1s) or `off`.
+    #[arg(long, default_value = "200ms")]
+    pub(crate) checkpoint_interval: String,
+    #[arg(long, default_value = "exactly-once")]
+    pub(crate) mode: String,
+    #[command(flatten)]
+    pub(crate) tuning: CheckpointTuning,
+    /// Start from this savepoint (a directory `cutline savepoint` printed) if the state directory holds
+    /// no checkpoint yet; the input and output must be those of the job the savepoint was taken from.
+    #[arg(long)]
+    pub(crate) from_savepoint: Option<PathBuf>,
+    /// Where savepoints go when `cutline savepoint` names no directory (default: <state>/savepoints).
+    #[arg(long)]
+    pub(crate) savepoint_dir: Option<PathBuf>,
+    /// Sleep this many microseconds per input line (and read in batches of 64 lines), to watch a small
+    /// input being processed.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) line_delay_us: u64,
+    /// Print a line per checkpoint and failure.
+    #[arg(long, short)]
+    pub(crate) verbose: bool,
+    /// Put checkpoints here instead of in the state directory: `s3://BUCKET/PREFIX` on an
+    /// S3-compatible store (endpoint and credentials from CUTLINE_S3_ENDPOINT / AWS_* variables;
+    /// needs a build with `--features s3`), or another directory. The state directory keeps the admin
+    /// socket (and a cluster's secret).
+    #[arg(long, value_name = "URL")]
+    pub(crate) checkpoint_store: Option<String>,
+    #[command(flatten)]
+    pub(crate) cluster: ClusterArgs,
+}
+
+/// Run the job as the coordinator of worker processes (see `cutline worker`).
+#[derive(Args, Clone)]
+pub(crate) struct ClusterArgs {
+    /// Be the coordinator of a cluster: listen for workers on this address (e.g. 0.0.0.0:7070) and
+    /// run the tasks on them, none in this process.
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) coordinator: Option<String>,
+    /// Workers a generation runs on when all are there (with --coordinator).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) workers: usize,
+    /// After a worker is lost, run on this many if no replacement joins within --replacement-wait.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) min_workers: usize,
+    /// How long a restart waits for lost workers to be replaced.
+    #[arg(long, default_value = "5s")]
+    pub(crate) replacement_wait: String,
+    /// File holding the cluster's shared secret (at least 16 bytes; make one with
+    /// `head -c 32 /dev/urandom | base64 > cluster.secret`). Default: $CUTLINE_SECRET_FILE.
+    #[arg(long, env = "CUTLINE_SECRET_FILE")]
+    pub(crate) secret_file: Option<PathBuf>,
+    /// Interval of heartbeats between coordinator and workers, both ways.
+    #[arg(long, default_value = "200ms")]
+    pub(crate) heartbeat_interval: String,
+    /// A peer silent this long is lost.
+    #[arg(long, default_value = "3s")]
+    pub(crate) heartbeat_timeout: String,
+}
+
+pub(crate) fn read_secret(path: Option<&Path>) -> Result<Vec<u8>> {
+    let Some(path) = path else {
+        bail!("a cluster needs a shared secret: pass --secret-file FILE (make one with `head -c 32 /dev/urandom | base64 > cluster.secret`) or set CUTLINE_SECRET_FILE");
+    };
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read the secret file {}", path.display()))?;
+    let end = bytes.iter().rposition(|b| !b.is_ascii_whitespace()).map(|i| i + 1).unwrap_or(0);
+    Ok(bytes[..end].to_vec())
+}
+
+pub(crate) fn ms_flag(name: &str, v: &str) -> Result<u64> {
+    admin::parse_duration_ms(v).map_err(|e| anyhow::anyhow!("--{name}: bad duration {v:?}: {e}"))
+}
+
+/// The job part of a `cutline run wordcount` command line, as workers rebuild it.
+#[derive(Parser)]
+#[command(name = "job", no_binary_name = true)]
+pub(crate) enum JobSpec {
+    Wordcount {
+        #[arg(long)]
+        input: PathBuf,
+        #[arg(long)]
+        output: PathBuf,
+        #[arg(long)]
+        parallelism: u32,
+        #[arg(long)]
+        line_delay_us: u64,
+    },
+    Bench {
+        #[arg(long)]
+        events: u64,
+        #[arg(long)]
+        keys: u64,
+        #[arg(long)]
+        parallelism: u32,
+    },
+}
+
+/// Build the job a coordinator names (on a worker): the graph and its fingerprint.
+pub(crate) fn build_job(args: &[String]) -> std::result::Result<(cutline::JobGraph, String), String> {
+    let spec = JobSpec::try_parse_from(args).map_err(|e| e.to_string())?;
+    let (input, output, parallelism, line_delay_us) = match spec {
+        JobSpec::Wordcount { input, output, parallelism, line_delay_us } => (input, output, parallelism, line_delay_us),
+        JobSpec::Bench { events, keys, parallelism } => {
+            let graph = cutline_cli::jobs::keyed_bench(events, keys, parallelism).build().map_err(|e| e.to_string())?;
+            return Ok((graph, "bench".into()));
+        }
+    };
+    let fingerprint = format!("wordcount input={} output={}", input.display(), output.display());
+    let graph = cutline_cli::jobs::wordcount_paced(
+        &input,
+        parallelism,
+        cutline_cli::jobs::wordcount_file_sink(&output),
+        line_delay_us,
+    )
+    .build()
+    .map_err(|e| e.to_string())?;
+    Ok((graph, fingerprint))
+}
+
+/// Open checkpoint storage: a directory, or `s3://BUCKET[/PREFIX]` (with the `s3` feature; the
+/// endpoint and credentials come from the environment, see `S3Config::from_env`).
+pub(crate) fn open_store(state: &str) -> std::result::Result<Arc<dyn CheckpointStore>, String> {
+    if let Some(rest) = state.strip_prefix("s3://") {
+        return open_s3(rest);
+    }
+    LocalDirStore::open(Path::new(state))
+        .map(|s| Arc::new(s) as Arc<dyn CheckpointStore>)
+        .map_err(|e| format!("cannot open state directory {state}: {e}"))
+}
+
+#[cfg(feature = "s3")]
+pub(crate) fn open_s3(rest: &str) -> std::result::Result<Arc<dyn CheckpointStore>, String> {
+    use cutline_storage::{S3Config, S3Store};
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut cfg = S3Config::from_vars(|name| match name {
+        "CUTLINE_S3_BUCKET" => Some(bucket.to_string()),
+        "CUTLINE_S3_PREFIX" => Some(prefix.trim_matches('/').to_string()),
+        other => std::env::var(other).ok(),
+    })
+    .map_err(|e| e.to_string())?;
+    cfg.prefix = prefix.trim_matches('/').to_string();
+    S3Store::open(cfg).map(|s| Arc::new(s) as Arc<dyn CheckpointStore>).map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "s3"))]
+pub(crate) fn open_s3(_: &str) -> std::result::Result<Arc<dyn CheckpointStore>, String> {
+    Err("this cutline was built without S3 support: build it with `--features s3`".into())
+}
+
+/// Checkpoint settings beyond interval and mode, for the jobs `cutline` runs.
+#[derive(Args)]
+pub(crate) struct CheckpointTuning {
+    /// A checkpoint not complete this long after its trigger is aborted.
+    #[arg(long, default_value = "60s")]
+    pub(crate) checkpoint_timeout: String,
+    /// Checkpoints in flight at once.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) max_concurrent: usize,
+    /// Unaligned exactly-once checkpoints: barriers overtake queued records, which are stored with the
+    /// checkpoint, so checkpoints do not wait for a backlog.
+    #[arg(long)]
+    pub(crate) unaligned: bool,
+    /// Aligned checkpoints switch to unaligned once they are this old, counted from their trigger
+    /// (e.g. 500ms), or `off`.
+    #[arg(long, default_value = "off")]
+    pub(crate) alignment_timeout: String,
+    /// Aligned checkpoints switch to unaligned at a task whose blocked inputs hold more than this many
+    /// bytes (e.g. 1048576, 64MiB), or `off`.
+    #[arg(long, default_value = "off")]
+    pub(crate) max_aligned_bytes: String,
+}
+
+impl CheckpointTuning {
+    pub(crate) fn apply(&self, cfg: &mut CheckpointConfig) -> Result<()> {
+        let flag = |name: &str, e: String| anyhow::anyhow!("--{name}: {e}");
+        cfg.timeout_ms = admin::parse_duration_ms(&self.checkpoint_timeout)
+            .map_err(|e| flag("checkpoint-timeout", format!("bad duration {:?}: {e}", self.checkpoint_timeout)))?;
+        cfg.max_concurrent = self.max_concurrent;
+        cfg.unaligned = self.unaligned;
+        cfg.alignment_timeout_ms = admin::parse_optional_duration_ms(&self.alignment_timeout)
+            .map_err(|e| flag("alignment-timeout", format!("bad duration {:?}: {e}", self.alignment_timeout)))?;
+        cfg.max_aligned_bytes = admin::parse_optional_bytes(&self.max_aligned_bytes)
+            .map_err(|e| flag("max-aligned-bytes", format!("bad size {:?}: {e}", self.max_aligned_bytes)))?;
+        cfg.validate().map_err(|e| anyhow::anyhow!("invalid checkpoint settings: {e}"))
+    }
+}
+
+/// The settings `cutline tune` may change. Each value is checked here; the job checks them together.
+#[derive(Args)]
+pub(crate) struct TuneArgs {
+    /// Checkpoint interval (e.g. 200ms, 1s) or `off`.
+    #[arg(long)]
+    pub(crate) checkpoint_interval: Option<String>,
+    /// Checkpoint timeout (e.g. 30s).
+    #[arg(long)]
+    pub(crate) checkpoint_timeout: Option<String>,
+    /// Minimum pause between the end of one checkpoint and the next trigger (e.g. 0, 100ms).
+    #[arg(long)]
+    pub(crate) min_pause: Option<String>,
+    /// Checkpoints in flight at once.
+    #[arg(long)]
+    pub(crate) max_concurrent: Option<String>,
+    /// Consecutive failed checkpoints tolerated before the job fails over.
+    #[arg(long)]
+    pub(crate) tolerable_failures: Option<String>,
+    /// exactly-once or at-least-once.
+    #[arg(long)]
+    pub(crate) mode: Option<String>,
+    /// true or false: exactly-once checkpoints are unaligned.
+    #[arg(long)]
+    pub(crate) unaligned: Option<String>,
+    /// Switch aligned checkpoints to unaligned once they are this old, counted from their trigger (e.g. 500ms), or `off`.
+    #[arg(long)]
+    pub(crate) alignment_timeout: Option<String>,
+    /// Switch aligned checkpoints to unaligned above this many blocked bytes (e.g. 64MiB), or `off`.
+    #[arg(long)]
+    pub(crate) max_aligned_bytes: Option<String>,
+}
+
+impl TuneArgs {
+    /// `(flag, protocol key, value)` of every option given.
+    pub(crate) fn given(&self) -> Vec<(&'static str, &'static str, &str)> {
+        [
+            ("--checkpoint-interval", "interval", &self.checkpoint_interval),
+            ("--checkpoint-timeout", "timeout", &self.checkpoint_timeout),
+            ("--min-pause", "min-pause", &self.min_pause),
+            ("--max-concurrent", "max-concurrent", &self.max_concurrent),
+            ("--tolerable-failures", "tolerable-failures", &self.tolerable_failures),
+            ("--mode", "mode", &self.mode),
+            ("--unaligned", "unaligned", &self.unaligned),
+            ("--alignment-timeout", "alignment-timeout", &self.alignment_timeout),
+            ("--max-aligned-bytes", "max-aligned-bytes", &self.max_aligned_bytes),
+        ]
+        .into_iter()
+        .filter_map(|(flag, key, v)| v.as_deref().map(|v| (flag, key, v)))
+        .collect()
+    }
+}
+
+/// `200ms`, `1s`, `2m`, or `off` (None).
+pub(crate) fn parse_interval(s: &str) -> Result<Option<u64>> {
+    if s == "off" {
+        return Ok(None);
+    }
+    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1000)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60_000)
+    } else {
+        bail!("bad duration {s:?}: use a number with ms, s or m (e.g. 200ms, 1s), or off");
+    };
+    let n: u64 = num.parse().with_context(|| format!("bad duration {s:?}: use e.g. 200ms, 1s, or off"))?;
+    if n == 0 {
+        bail!("bad duration {s:?}: must be positive (or off)");
+    }
+    match n.checked_mul(mult) {
+        Some(ms) if ms <= 365 * 86_400_000 => Ok(Some(ms)),
+        _ => bail!("bad duration {s:?}: at most a year"),
+    }
+}

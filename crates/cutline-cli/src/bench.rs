@@ -1,0 +1,218 @@
+//! `cutline bench`, `cutline bench-backlog` and `cutline bench-coordinator`.
+
+use crate::args::{build_job, ms_flag, open_store, parse_interval};
+use anyhow::{bail, Context, Result};
+use cutline::admin;
+use cutline::cluster::ClusterConfig;
+use cutline::{CheckpointConfig, LocalDirStore, RunConfig};
+use std::sync::Arc;
+use std::time::Instant;
+
+pub(crate) fn bench_coordinator(tasks: u32, workers: &str, checkpoints: u32) -> Result<()> {
+    use cutline::testing::coordbench::{coordinator_bench, CoordBench, CoordBenchResult};
+    if tasks == 0 || checkpoints == 0 {
+        bail!("--tasks and --checkpoints must be positive");
+    }
+    let counts = workers
+        .split(',')
+        .map(|w| w.trim().parse::<u32>().with_context(|| format!("--workers: {w:?} is not a number")))
+        .collect::<Result<Vec<_>>>()?;
+    println!("{}", CoordBenchResult::header());
+    for w in counts {
+        println!("{}", coordinator_bench(&CoordBench { tasks, workers: w, checkpoints }));
+    }
+    Ok(())
+}
+
+pub(crate) struct BenchArgs {
+    pub(crate) events: u64,
+    pub(crate) keys: u64,
+    pub(crate) parallelism: u32,
+    pub(crate) interval: String,
+    pub(crate) max_concurrent: usize,
+    pub(crate) workers: usize,
+    pub(crate) state: Option<String>,
+    pub(crate) kill_worker_after: Option<String>,
+    pub(crate) channel_capacity: usize,
+}
+
+pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
+    let (events, keys, parallelism, interval, max_concurrent) =
+        (a.events, a.keys, a.parallelism, a.interval.as_str(), a.max_concurrent);
+    let interval_ms = parse_interval(interval)?;
+    if keys == 0 || parallelism == 0 {
+        bail!("--keys and --parallelism must be positive");
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "cutline-bench-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos()
+    ));
+    let state = a.state.clone().unwrap_or_else(|| dir.display().to_string());
+    let store = open_store(&state).map_err(anyhow::Error::msg)?;
+    let job_args: Vec<String> = ["bench", "--events", &events.to_string(), "--keys", &keys.to_string()]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["--parallelism".to_string(), parallelism.to_string()])
+        .collect();
+    let (graph, fingerprint) = build_job(&job_args).map_err(anyhow::Error::msg)?;
+    let mut cfg = RunConfig::new(store, fingerprint);
+    cfg.checkpoint.interval_ms = interval_ms;
+    cfg.checkpoint.max_concurrent = max_concurrent;
+    cfg.checkpoint.validate().map_err(anyhow::Error::msg)?;
+    cfg.restart = cutline::RestartStrategy::None;
+    if a.channel_capacity == 0 {
+        bail!("--channel-capacity must be at least 1");
+    }
+    cfg.channel_capacity = a.channel_capacity;
+    let start = Instant::now();
+    let mut recovery = String::new();
+    let report = if a.workers == 0 {
+        if a.kill_worker_after.is_some() {
+            bail!("--kill-worker-after needs --workers");
+        }
+        cutline::run(&graph, cfg)
+    } else {
+        use std::process::Command;
+        cfg.restart = cutline::RestartStrategy::default();
+        std::fs::create_dir_all(&dir)?;
+        let secret_file = dir.join("cluster.secret");
+        std::fs::write(&secret_file, format!("bench-{}-{}", std::process::id(), start.elapsed().as_nanos()).repeat(2))?;
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.to_string();
+        let mut cluster =
+            ClusterConfig::new(&addr, a.workers, std::fs::read(&secret_file)?, job_args.clone(), state.clone());
+        cluster.heartbeat_timeout_ms = 2_000;
+        let handle = cutline::cluster::spawn_cluster(graph, cfg, cluster)?;
+        let exe = std::env::current_exe()?;
+        let worker = || {
+            Command::new(&exe)
+                .args(["worker", "--join", &addr, "--secret-file"])
+                .arg(&secret_file)
+                .stderr(std::process::Stdio::null())
+                .spawn()
+        };
+        let mut children = (0..a.workers).map(|_| worker()).collect::<std::io::Result<Vec<_>>>()?;
+        if let Some(after) = &a.kill_worker_after {
+            std::thread::sleep(std::time::Duration::from_millis(ms_flag("kill-worker-after", after)?));
+            let before = handle.metrics().map(|m| m.generation).unwrap_or_default();
+            let killed = Instant::now();
+            children[0].kill()?;
+            children[0].wait()?;
+            children[0] = worker()?;
+            // Running again: the coordinator reports a newer generation once every worker deployed it.
+            loop {
+                match handle.metrics() {
+                    Ok(m) if m.generation > before && !m.tasks.is_empty() => break,
+                    Err(_) => bail!("the job ended before it recovered"),
+                    _ => std::thread::sleep(std::time::Duration::from_millis(1)),
+                }
+            }
+            recovery = format!(" recovery_ms={}", killed.elapsed().as_millis());
+        }
+        let r = handle.join();
+        for c in &mut children {
+            let deadline = Instant::now() + std::time::Duration::from_secs(5);
+            while c.try_wait()?.is_none() && Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        r
+    };
+    let secs = start.elapsed().as_secs_f64();
+    std::fs::remove_dir_all(&dir).ok();
+    let report = report?;
+    let pct = |v: &[u64], p: f64| -> u64 {
+        if v.is_empty() {
+            return 0;
+        }
+        let mut v = v.to_vec();
+        v.sort_unstable();
+        v[((v.len() as f64 - 1.0) * p).round() as usize]
+    };
+    // The final checkpoint at end of input is not a periodic one: leave it out of the statistics.
+    let periodic: Vec<&cutline::CheckpointSummary> = report.checkpoints.iter().filter(|c| !c.is_final).collect();
+    let col = |f: &dyn Fn(&cutline::CheckpointSummary) -> u64| periodic.iter().map(|c| f(c)).collect::<Vec<u64>>();
+    let d = col(&|c| c.duration_ms);
+    println!(
+        "events={events} keys={keys} parallelism={parallelism} workers={} interval={interval} max_concurrent={max_concurrent} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_p99_ms={} alignment_p99_ms={} start_delay_p99_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} state_bytes={} restarts={}{recovery}",
+        a.workers,
+        events as f64 / secs,
+        d.len(),
+        pct(&d, 0.5),
+        pct(&d, 0.99),
+        pct(&col(&|c| c.alignment_ms), 0.99),
+        pct(&col(&|c| c.start_delay_ms), 0.99),
+        pct(&col(&|c| c.persist_ms), 0.5),
+        pct(&col(&|c| c.encode_us), 0.5),
+        pct(&col(&|c| c.write_us), 0.5),
+        report.checkpoints.last().map(|c| c.bytes).unwrap_or(0),
+        report.restarts,
+    );
+    Ok(())
+}
+
+pub(crate) fn bench_backlog(
+    mode: &str,
+    alignment_timeout: &str,
+    seconds: u64,
+    slow_rate: u64,
+    channel_capacity: usize,
+    batch_size: usize,
+    interval: &str,
+) -> Result<()> {
+    if seconds == 0 || slow_rate == 0 || channel_capacity == 0 || batch_size == 0 {
+        bail!("--seconds, --slow-rate, --channel-capacity and --batch-size must be positive");
+    }
+    let mut checkpoint = CheckpointConfig { interval_ms: parse_interval(interval)?, ..Default::default() };
+    match mode {
+        "aligned" => {}
+        "unaligned" => checkpoint.unaligned = true,
+        "timeout" => {
+            checkpoint.alignment_timeout_ms = Some(
+                admin::parse_duration_ms(alignment_timeout)
+                    .map_err(|e| anyhow::anyhow!("--alignment-timeout {alignment_timeout:?}: {e}"))?,
+            )
+        }
+        other => bail!("unknown --mode {other:?}: use aligned, unaligned or timeout"),
+    }
+    let dir = std::env::temp_dir().join(format!("cutline-bench-backlog-{}", std::process::id()));
+    let store = Arc::new(LocalDirStore::open(&dir)?);
+    let b = cutline_cli::jobs::BacklogBench {
+        seconds,
+        slow_records_per_s: slow_rate,
+        channel_capacity,
+        batch_size,
+        checkpoint,
+    };
+    let r = cutline_cli::jobs::backlog_bench(&b, store);
+    std::fs::remove_dir_all(&dir).ok();
+    let r = r.map_err(anyhow::Error::msg)?;
+    let pct = |mut v: Vec<u64>, p: f64| -> u64 {
+        if v.is_empty() {
+            return 0;
+        }
+        v.sort_unstable();
+        v[((v.len() as f64 - 1.0) * p).round() as usize]
+    };
+    let col = |f: &dyn Fn(&cutline::CheckpointSummary) -> u64| r.checkpoints.iter().map(f).collect::<Vec<u64>>();
+    println!(
+        "mode={mode} seconds={seconds} backlog_s={:.1} checkpoints={} failed={} duration_p50_ms={} duration_max_ms={} start_delay_p50_ms={} in_flight_bytes_p50={} switched_tasks_max={} channel_high_water={}/{} source_backpressured_ms={} records={} records_per_s={:.0} peak_rss_mib={:.1}",
+        r.backlog_s,
+        r.checkpoints.len(),
+        r.failed,
+        pct(col(&|c| c.duration_ms), 0.5),
+        pct(col(&|c| c.duration_ms), 1.0),
+        pct(col(&|c| c.start_delay_ms), 0.5),
+        pct(col(&|c| c.channel_state_bytes), 0.5),
+        pct(col(&|c| c.switched_tasks as u64), 1.0),
+        r.high_water_batches,
+        r.capacity_batches,
+        r.source_backpressured_ms,
+        r.records_processed,
+        r.records_processed as f64 / seconds as f64,
+        r.peak_rss_bytes.unwrap_or(0) as f64 / (1024.0 * 1024.0),
+    );
+    Ok(())
+}

@@ -1,0 +1,288 @@
+//! The jobs the `cutline` binary runs: word count over a text file and the keyed COUNT+SUM benchmark.
+//! Each is an ordinary cutline job built with the public API; nothing here is special-cased by the engine.
+
+use cutline::{splitmix64, DiscardSink, GeneratorSource, Job, LineFileSource, Sink, TransactionalFileSink};
+use std::path::Path;
+
+/// Word count: lines of `input`, split on Unicode whitespace, a running count per word, every update
+/// written as `WORD<TAB>COUNT` through `sink`.
+pub fn wordcount<S: Sink<(String, u64)> + Clone>(input: &Path, parallelism: u32, sink: S) -> Job {
+    wordcount_paced(input, parallelism, sink, 0)
+}
+
+/// Word count that spends `line_delay_us` per line before splitting it, so that a small input runs long
+/// enough to show checkpoints and failures (demo and drills).
+pub fn wordcount_paced<S: Sink<(String, u64)> + Clone>(
+    input: &Path,
+    parallelism: u32,
+    sink: S,
+    line_delay_us: u64,
+) -> Job {
+    let job = Job::new("wordcount");
+    job.set_parallelism(parallelism);
+    let lines = job.source("lines", LineFileSource::new(input));
+    let lines = if line_delay_us > 0 {
+        lines.map(move |l: String| {
+            std::thread::sleep(std::time::Duration::from_micros(line_delay_us));
+            l
+        })
+    } else {
+        lines
+    };
+    lines
+        .flat_map(|line: String, out: &mut Vec<String>| out.extend(line.split_whitespace().map(str::to_string)))
+        .key_by(|w: &String| w.clone())
+        .aggregate("counts", || 0u64, |c, _w| *c += 1, |w, c| (w.clone(), *c))
+        .sink("output", sink);
+    job
+}
+
+/// The transactional file sink of word count: `WORD<TAB>COUNT` lines.
+pub fn wordcount_file_sink(dir: &Path) -> TransactionalFileSink<(String, u64)> {
+    TransactionalFileSink::new(dir, |(w, c): &(String, u64), buf: &mut Vec<u8>| {
+        buf.extend_from_slice(w.as_bytes());
+        buf.push(b'\t');
+        buf.extend_from_slice(c.to_string().as_bytes());
+    })
+}
+
+/// The keyed benchmark: event `i` has key `splitmix64(i) % keys` and value `i % 1000`; COUNT and SUM
+/// per key; every update goes to a sink that discards it.
+pub fn keyed_bench(events: u64, keys: u64, parallelism: u32) -> Job {
+    assert!(keys > 0);
+    let job = Job::new("bench");
+    job.set_parallelism(parallelism);
+    job.source("events", GeneratorSource::new(events, move |i| (splitmix64(i) % keys, i % 1000)))
+        .key_by(|e: &(u64, u64)| e.0)
+        .aggregate(
+            "count-sum",
+            || (0u64, 0u64),
+            |acc, e: (u64, u64)| {
+                acc.0 += 1;
+                acc.1 += e.1;
+            },
+            |k, acc| (*k, acc.0, acc.1),
+        )
+        .sink("discard", DiscardSink);
+    job
+}
+
+/// Check a word-count output directory against the counts of `text`: for every word, the committed
+/// lines must be exactly `WORD<TAB>1` .. `WORD<TAB>n`, each once. Returns the problems found (empty if
+/// the output is exactly that of a run without failures).
+pub fn check_wordcount_output(text: &str, dir: &Path) -> std::io::Result<Vec<String>> {
+    use std::collections::BTreeMap;
+    let mut expected: BTreeMap<&str, u64> = BTreeMap::new();
+    for w in text.split_whitespace() {
+        *expected.entry(w).or_default() += 1;
+    }
+    let mut seen: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("part-") {
+            continue;
+        }
+        for line in std::fs::read_to_string(entry.path())?.lines() {
+            match line.split_once('\t').and_then(|(w, c)| c.parse::<u64>().ok().map(|c| (w, c))) {
+                Some((w, c)) => seen.entry(w.to_string()).or_default().push(c),
+                None => problems.push(format!("malformed line {line:?} in {name}")),
+            }
+        }
+    }
+    for (w, n) in &expected {
+        let mut got = seen.remove(*w).unwrap_or_default();
+        got.sort_unstable();
+        let want: Vec<u64> = (1..=*n).collect();
+        if got != want {
+            let dups = got.windows(2).filter(|p| p[0] == p[1]).count();
+            problems.push(format!("word {w:?}: {} updates committed, expected {n} ({dups} duplicated)", got.len()));
+        }
+    }
+    for w in seen.keys() {
+        problems.push(format!("word {w:?} is not in the input"));
+    }
+    problems.truncate(20);
+    Ok(problems)
+}
+
+/// One failure drill of the threaded runtime on real files: word count over a generated text while
+/// task failures are injected at every fault point (snapshot, snapshot write, sink prepare, commit,
+/// half-way through a commit, recovery, record processing) and checkpoint storage writes fail; the
+/// committed output is then checked against the failure-free result. Returns a one-line verdict.
+pub fn drill_run(seed: u64) -> Result<String, String> {
+    use cutline::testing::sim::Rng;
+    use cutline::testing::{FaultPoint, Faults};
+    use cutline::{run, RunConfig};
+    use cutline_core::restart::RestartStrategy;
+    use cutline_storage::{FaultyStore, LocalDirStore, StoreOp};
+    use std::sync::{Arc, Mutex};
+
+    let dir = std::env::temp_dir().join(format!("cutline-drill-{}-{seed}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let mut rng = Rng::new(seed);
+    let words = ["cut", "epoch", "barrier", "state", "sink", "source", "commit", "abort", "restore", "align"];
+    let mut text = String::new();
+    for _ in 0..3000 {
+        let n = 1 + rng.below(8);
+        let line: Vec<&str> = (0..n).map(|_| words[rng.below(words.len() as u64) as usize]).collect();
+        text.push_str(&line.join(" "));
+        text.push('\n');
+    }
+    let input = dir.join("input.txt");
+    std::fs::write(&input, &text).map_err(|e| e.to_string())?;
+    let output = dir.join("output");
+    std::fs::create_dir_all(&output).map_err(|e| e.to_string())?;
+    let budget = Arc::new(Mutex::new((Rng::new(seed ^ 0xd1ce), 6u32)));
+    let b2 = budget.clone();
+    let inject = move |ppm: u64| {
+        let mut g = b2.lock().expect("drill rng");
+        if g.1 > 0 && g.0.chance(ppm) {
+            g.1 -= 1;
+            true
+        } else {
+            false
+        }
+    };
+    let inject = Arc::new(inject);
+    let i2 = inject.clone();
+    let store =
+        FaultyStore::new(LocalDirStore::open(dir.join("state")).map_err(|e| e.to_string())?, move |op| match op {
+            StoreOp::WriteTaskState { .. }
+            | StoreOp::CommitManifest { .. }
+            | StoreOp::CommitManifestAfterWrite { .. } => i2(30_000),
+            _ => false,
+        });
+    let graph = wordcount_paced(&input, 2, wordcount_file_sink(&output), 100).build().map_err(|e| e.to_string())?;
+    let mut cfg = RunConfig::new(Arc::new(store), format!("drill-{seed}"));
+    cfg.checkpoint.interval_ms = Some(20);
+    cfg.checkpoint.tolerable_failures = 1;
+    cfg.restart = RestartStrategy::FixedDelay { delay_ms: 10, max_attempts: 100 };
+    cfg.batch_size = 16;
+    let i3 = inject.clone();
+    cfg.faults = Faults::new(move |p| match p {
+        FaultPoint::ProcessBatch => i3(300),
+        _ => i3(60_000),
+    });
+    let report = run(&graph, cfg).map_err(|e| format!("seed {seed}: the job failed: {e}"))?;
+    let problems = check_wordcount_output(&text, &output).map_err(|e| e.to_string())?;
+    let injected = 6 - budget.lock().expect("drill rng").1;
+    let _ = std::fs::remove_dir_all(&dir);
+    if !problems.is_empty() {
+        return Err(format!("seed {seed}: output differs from the failure-free run: {}", problems.join("; ")));
+    }
+    Ok(format!(
+        "PASS: {injected} failures injected, {} restarts, {} checkpoints completed, {} failed, output exact",
+        report.restarts, report.checkpoints_completed, report.checkpoints_failed
+    ))
+}
+
+/// Settings of the backlog benchmark (see [`backlog_bench`]).
+#[derive(Clone, Debug)]
+pub struct BacklogBench {
+    /// How long the job runs before it is stopped.
+    pub seconds: u64,
+    /// Records per second the slow task processes.
+    pub slow_records_per_s: u64,
+    /// Batches per channel (the backlog in front of the slow task is about this many batches).
+    pub channel_capacity: usize,
+    pub batch_size: usize,
+    pub checkpoint: cutline::CheckpointConfig,
+}
+
+/// What one backlog benchmark run measured.
+#[derive(Clone, Debug)]
+pub struct BacklogResult {
+    /// Completed periodic checkpoints, in order.
+    pub checkpoints: Vec<cutline::CheckpointSummary>,
+    /// Checkpoints that failed (timed out).
+    pub failed: u64,
+    /// Seconds of data queued in front of the slow task when the job stopped (queued records / rate).
+    pub backlog_s: f64,
+    /// Most batches ever queued on one channel, and the configured capacity.
+    pub high_water_batches: usize,
+    pub capacity_batches: usize,
+    /// Time the source spent backpressured.
+    pub source_backpressured_ms: u64,
+    /// Peak resident memory of the process (VmHWM), if the platform reports it.
+    pub peak_rss_bytes: Option<u64>,
+    pub records_processed: u64,
+}
+
+/// The backlog benchmark: a fast source feeds one task that processes only `slow_records_per_s`
+/// records per second, so the channel in front of it stays full (about `channel_capacity` batches, some
+/// seconds of data); then a keyed count and a discarding sink. It shows how long checkpoints take when
+/// their barriers meet a backlog, aligned (they wait behind it), unaligned (they overtake it and persist
+/// it), or aligned with a timeout (they switch).
+#[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` is newer than the minimum Rust version
+pub fn backlog_bench(
+    b: &BacklogBench,
+    store: std::sync::Arc<dyn cutline::CheckpointStore>,
+) -> Result<BacklogResult, String> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    assert!(b.slow_records_per_s > 0 && b.seconds > 0);
+    // The slow task sleeps 10 ms every `per_tick` records.
+    let per_tick = (b.slow_records_per_s / 100).max(1);
+    let processed = Arc::new(AtomicU64::new(0));
+    let counter = processed.clone();
+    let job = Job::new("backlog");
+    job.source("events", GeneratorSource::new(u64::MAX / 2, |i| (splitmix64(i) % 10_000, i)))
+        .rebalance("slow", 1)
+        .map(move |e: (u64, u64)| {
+            let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
+            if n % per_tick == 0 {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            e
+        })
+        .key_by(|e: &(u64, u64)| e.0)
+        .aggregate("count", || 0u64, |c, _e| *c += 1, |k, c| (*k, *c))
+        .sink("out", DiscardSink);
+    let graph = job.build().map_err(|e| e.to_string())?;
+    let mut cfg = cutline::RunConfig::new(store, "backlog-bench");
+    cfg.checkpoint = b.checkpoint.clone();
+    cfg.channel_capacity = b.channel_capacity;
+    cfg.batch_size = b.batch_size;
+    cfg.restart = cutline::RestartStrategy::None;
+    let handle = cutline::spawn(graph, cfg);
+    let until = Instant::now() + Duration::from_secs(b.seconds);
+    let mut metrics = None;
+    while Instant::now() < until && !handle.is_finished() {
+        std::thread::sleep(Duration::from_millis(200));
+        if let Ok(m) = handle.metrics() {
+            metrics = Some(m);
+        }
+    }
+    handle.stop();
+    let report = handle.join().map_err(|e| e.to_string())?;
+    let m = metrics.ok_or("the job reported no metrics")?;
+    let slow_inputs: Vec<&cutline::ChannelStats> =
+        m.tasks.iter().filter(|t| t.name.starts_with("slow#")).flat_map(|t| t.inputs.iter()).collect();
+    let queued: usize = slow_inputs.iter().map(|c| c.queued_batches).sum();
+    let all_inputs = m.tasks.iter().flat_map(|t| t.inputs.iter());
+    let high_water_batches = all_inputs.map(|c| c.high_water_batches).max().unwrap_or(0);
+    let source_backpressured_ms =
+        m.tasks.iter().filter(|t| t.name.starts_with("events#")).map(|t| t.backpressured_ms).sum();
+    Ok(BacklogResult {
+        checkpoints: report.checkpoints.into_iter().filter(|c| !c.is_final).collect(),
+        failed: report.checkpoints_failed,
+        backlog_s: (queued * b.batch_size) as f64 / b.slow_records_per_s as f64,
+        high_water_batches,
+        capacity_batches: b.channel_capacity,
+        source_backpressured_ms,
+        peak_rss_bytes: peak_rss_bytes(),
+        records_processed: processed.load(Ordering::Relaxed),
+    })
+}
+
+/// Peak resident set size of this process (Linux: VmHWM in /proc/self/status).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

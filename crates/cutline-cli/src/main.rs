@@ -1,0 +1,238 @@
+//! The `cutline` command: run the word-count job, tune it, take savepoints of it and show its status
+//! while it runs (through its admin socket, `<state>/admin.sock`), list checkpoints, run failure drills
+//! and benchmarks.
+
+mod admin_cmd;
+mod args;
+mod bench;
+mod cluster_cmd;
+mod demo;
+
+mod run;
+
+use admin_cmd::{list_checkpoints, savepoint, status, tune};
+use args::{RunJob, TuneArgs};
+use bench::{bench, bench_backlog, bench_coordinator, BenchArgs};
+use clap::{Parser, Subcommand};
+use cluster_cmd::{launch_cluster, worker};
+use demo::{demo, drill};
+use run::run_wordcount;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "cutline", version, about = "A stream-processing engine whose checkpoints are consistent cuts")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a job.
+    Run {
+        #[command(subcommand)]
+        job: RunJob,
+    },
+    /// Word count over a bundled text with one injected crash: shows a checkpoint, a failure, a restore
+    /// and checks the output.
+    Demo {
+        /// Where to put the demo's input, output and state (default: a fresh temporary directory).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// List the complete checkpoints of a state directory and verify them.
+    Checkpoints {
+        #[arg(long)]
+        state: PathBuf,
+    },
+    /// Change the checkpoint settings of the job running on a state directory; print the settings now
+    /// in force (all of them, also when no option is given). They apply from the next checkpoint.
+    Tune {
+        /// The state directory of the running job.
+        #[arg(long)]
+        state: PathBuf,
+        #[command(flatten)]
+        settings: TuneArgs,
+    },
+    /// Take a savepoint of the job running on a state directory and print its directory.
+    Savepoint {
+        /// The state directory of the running job.
+        #[arg(long)]
+        state: PathBuf,
+        /// A new or empty directory for the savepoint (default: the job's savepoint directory).
+        #[arg(long)]
+        to: Option<PathBuf>,
+        /// Stop the job with the savepoint: it drains, commits its output up to the savepoint and stops.
+        #[arg(long)]
+        stop: bool,
+    },
+    /// Show the settings, flow control and recent checkpoints of the job running on a state directory.
+    Status {
+        /// The state directory of the running job.
+        #[arg(long)]
+        state: PathBuf,
+    },
+    /// Failure drill: run word count while injecting failures, restore, compare with a failure-free run.
+    Drill {
+        /// Seed of the first run (each run uses seed, seed+1, ...).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Number of drill runs.
+        #[arg(long, default_value_t = 5)]
+        runs: u64,
+        /// Number of simulated seeds run first (deterministic protocol simulation).
+        #[arg(long, default_value_t = 200)]
+        sim_seeds: u64,
+    },
+    /// Join a cluster as a worker: run the tasks its coordinator places here, until the job is over.
+    Worker {
+        /// The coordinator's address (its --coordinator).
+        #[arg(long, value_name = "HOST:PORT")]
+        join: String,
+        /// The cluster's secret (see `cutline run wordcount --secret-file`).
+        #[arg(long, env = "CUTLINE_SECRET_FILE")]
+        secret_file: Option<PathBuf>,
+        /// Where other workers reach this one's data plane.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: String,
+        /// The host (or host:port) other workers use to reach this one, when --listen is 0.0.0.0.
+        #[arg(long)]
+        advertise: Option<String>,
+        /// How long to keep trying to reach a coordinator that is gone before exiting.
+        #[arg(long, default_value = "60s")]
+        rejoin_timeout: String,
+    },
+    /// Start a coordinator and N workers on this machine (a local cluster) for a job, and restart any
+    /// of them that dies until the job is over.
+    Cluster {
+        /// Worker processes.
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
+        /// The job and its options, as for `cutline run` (e.g. `wordcount --input ... --state ...`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        job: Vec<String>,
+    },
+    /// The keyed COUNT+SUM benchmark.
+    Bench {
+        #[arg(long, default_value_t = 10_000_000)]
+        events: u64,
+        #[arg(long, default_value_t = 100_000)]
+        keys: u64,
+        #[arg(long, default_value_t = 1)]
+        parallelism: u32,
+        /// Checkpoint interval (e.g. 100ms, 1s) or `off`.
+        #[arg(long, default_value = "1s")]
+        checkpoint_interval: String,
+        /// Checkpoints in flight at once.
+        #[arg(long, default_value_t = 1)]
+        max_concurrent: usize,
+        /// Run on this many worker processes of a local cluster (0: every task in this process).
+        #[arg(long, default_value_t = 0)]
+        workers: usize,
+        /// Checkpoint storage: a directory or `s3://BUCKET/PREFIX` (default: a fresh temporary
+        /// directory, removed afterwards).
+        #[arg(long)]
+        state: Option<String>,
+        /// With --workers: SIGKILL worker 0 this long after the start (and start a replacement at
+        /// once), and report how long the job took to run again.
+        #[arg(long)]
+        kill_worker_after: Option<String>,
+        /// Batches per channel (credit).
+        #[arg(long, default_value_t = cutline::runtime::DEFAULT_CHANNEL_CAPACITY)]
+        channel_capacity: usize,
+    },
+    /// How long the coordinator takes per checkpoint for many simulated tasks, with acknowledgements
+    /// aggregated per worker (one message per worker) or not (one per task).
+    BenchCoordinator {
+        #[arg(long, default_value_t = 10_000)]
+        tasks: u32,
+        /// Worker counts to measure, comma-separated; 0 means no aggregation.
+        #[arg(long, default_value = "0,10,100")]
+        workers: String,
+        /// Measured checkpoints per configuration (after 20 unmeasured ones).
+        #[arg(long, default_value_t = 200)]
+        checkpoints: u32,
+    },
+    /// Checkpoints in front of a backlog: one slow task with about 10 s of data queued in front of it,
+    /// checkpointed aligned, unaligned, or aligned with a timeout.
+    BenchBacklog {
+        /// `aligned`, `unaligned` or `timeout` (aligned, switching after --alignment-timeout).
+        #[arg(long, default_value = "unaligned")]
+        mode: String,
+        #[arg(long, default_value = "200ms")]
+        alignment_timeout: String,
+        /// How long the job runs.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        /// Records per second the slow task processes.
+        #[arg(long, default_value_t = 6400)]
+        slow_rate: u64,
+        /// Batches per channel: the backlog is about capacity x batch size / slow rate seconds.
+        #[arg(long, default_value_t = 64)]
+        channel_capacity: usize,
+        #[arg(long, default_value_t = 1024)]
+        batch_size: usize,
+        #[arg(long, default_value = "1s")]
+        checkpoint_interval: String,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Run { job: RunJob::Wordcount(args) } => run_wordcount(&args),
+        Cmd::Demo { dir } => demo(dir),
+        Cmd::Checkpoints { state } => list_checkpoints(&state),
+        Cmd::Tune { state, settings } => tune(&state, &settings),
+        Cmd::Savepoint { state, to, stop } => savepoint(&state, to.as_deref(), stop),
+        Cmd::Status { state } => status(&state),
+        Cmd::Drill { seed, runs, sim_seeds } => drill(seed, runs, sim_seeds),
+        Cmd::Worker { join, secret_file, listen, advertise, rejoin_timeout } => {
+            worker(join, secret_file.as_deref(), listen, advertise, &rejoin_timeout)
+        }
+        Cmd::Cluster { workers, job } => launch_cluster(workers, &job),
+        Cmd::BenchCoordinator { tasks, workers, checkpoints } => bench_coordinator(tasks, &workers, checkpoints),
+        Cmd::Bench {
+            events,
+            keys,
+            parallelism,
+            checkpoint_interval,
+            max_concurrent,
+            workers,
+            state,
+            kill_worker_after,
+            channel_capacity,
+        } => bench(&BenchArgs {
+            channel_capacity,
+            events,
+            keys,
+            parallelism,
+            interval: checkpoint_interval,
+            max_concurrent,
+            workers,
+            state,
+            kill_worker_after,
+        }),
+        Cmd::BenchBacklog {
+            mode,
+            alignment_timeout,
+            seconds,
+            slow_rate,
+            channel_capacity,
+            batch_size,
+            checkpoint_interval,
+        } => bench_backlog(
+            &mode,
+            &alignment_timeout,
+            seconds,
+            slow_rate,
+            channel_capacity,
+            batch_size,
+            &checkpoint_interval,
+        ),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,247 @@
+//! `cutline run wordcount`: the word-count job, embedded or as the coordinator of a cluster, with its
+//! admin socket.
+
+use crate::args::{ms_flag, open_store, parse_interval, read_secret, WordcountArgs};
+use anyhow::{bail, Context, Result};
+use cutline::admin::{self, AdminError};
+use cutline::cluster::ClusterConfig;
+use cutline::{CheckpointConfig, CheckpointMode, CheckpointStore, LocalDirStore, RunConfig};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub(crate) fn check_writable_dir(dir: &Path, what: &str) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {what} directory {}", dir.display()))?;
+    let probe = dir.join(format!(".cutline-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").with_context(|| format!("{what} directory {} is not writable", dir.display()))?;
+    std::fs::remove_file(&probe).ok();
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn wordcount_config(
+    input: &Path,
+    output: &Path,
+    state: &Path,
+    parallelism: u32,
+    interval: &str,
+    mode: &str,
+    line_delay_us: u64,
+    from_savepoint: Option<&Path>,
+    checkpoint_store: Option<&str>,
+) -> Result<(cutline::JobGraph, RunConfig)> {
+    let interval_ms = parse_interval(interval)?;
+    let mode: CheckpointMode = mode.parse().map_err(anyhow::Error::msg)?;
+    if parallelism == 0 {
+        bail!("--parallelism must be at least 1");
+    }
+    let meta = std::fs::metadata(input).with_context(|| format!("cannot read input {}", input.display()))?;
+    if !meta.is_file() {
+        bail!(
+            "input {} is not a regular file (a directory, pipe or device): the source rewinds it by byte offset after a failure, so it must be a file",
+            input.display()
+        );
+    }
+    std::fs::File::open(input).with_context(|| format!("cannot read input {}", input.display()))?;
+    let input_abs = std::fs::canonicalize(input)?;
+    // The output's absolute path names the job: refuse another job's state before creating anything.
+    let output_abs = std::path::absolute(output)
+        .with_context(|| format!("cannot make output path {} absolute", output.display()))?;
+    let fingerprint = format!("wordcount input={} output={}", input_abs.display(), output_abs.display());
+    if state.join("job.meta").exists() {
+        let store = LocalDirStore::open_existing(state)
+            .with_context(|| format!("cannot open state directory {}", state.display()))?;
+        if let Some(m) = store.read_meta()? {
+            if m.job_fingerprint != fingerprint {
+                bail!(
+                    "the state directory {} belongs to job {:?}, not {:?}: use another --state directory",
+                    state.display(),
+                    m.job_fingerprint,
+                    fingerprint
+                );
+            }
+        }
+    }
+    let from_savepoint = match from_savepoint {
+        Some(sp) => Some(check_savepoint(sp, &fingerprint)?),
+        None => None,
+    };
+    // Build (and so validate) the job before creating any directory.
+    let graph = cutline_cli::jobs::wordcount_paced(
+        &input_abs,
+        parallelism,
+        cutline_cli::jobs::wordcount_file_sink(&output_abs),
+        line_delay_us,
+    )
+    .build()?;
+    check_writable_dir(output, "output")?;
+    check_writable_dir(state, "state")?;
+    let store: Arc<dyn CheckpointStore> = match checkpoint_store {
+        Some(url) => open_store(url).map_err(|e| anyhow::anyhow!("--checkpoint-store {url}: {e}"))?,
+        None => Arc::new(
+            LocalDirStore::open(state).with_context(|| format!("cannot open state directory {}", state.display()))?,
+        ),
+    };
+    let mut cfg = RunConfig::new(store, fingerprint);
+    cfg.checkpoint.interval_ms = interval_ms;
+    cfg.checkpoint.mode = mode;
+    cfg.from_savepoint = from_savepoint;
+    Ok((graph, cfg))
+}
+
+/// Check that `path` is a savepoint of the job `fingerprint` names before anything is created; the
+/// runtime opens it again when the run starts. Returns its absolute path.
+pub(crate) fn check_savepoint(path: &Path, fingerprint: &str) -> Result<PathBuf> {
+    let hint = "pass a directory that `cutline savepoint` printed";
+    let abs = std::path::absolute(path).with_context(|| format!("--from-savepoint {}", path.display()))?;
+    match std::fs::metadata(&abs) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => bail!("--from-savepoint {} is not a directory: {hint}", path.display()),
+        Err(e) => bail!("--from-savepoint {}: cannot open it ({e}): {hint}", path.display()),
+    }
+    let store = LocalDirStore::open_existing(&abs)?;
+    let meta = store
+        .read_meta()
+        .with_context(|| format!("--from-savepoint {}: its job.meta cannot be read", path.display()))?;
+    let Some(meta) = meta else {
+        bail!("--from-savepoint {} is not a savepoint (it has no job.meta): {hint}", path.display());
+    };
+    if meta.job_fingerprint != fingerprint {
+        bail!(
+            "--from-savepoint {}: the savepoint was taken from job {:?}, and this run is job {:?}: a savepoint restores into a run of the same job (the same --input and --output)",
+            path.display(),
+            meta.job_fingerprint,
+            fingerprint
+        );
+    }
+    if store.latest_complete()?.is_none() {
+        bail!("--from-savepoint {} holds no complete checkpoint, so it is not a savepoint: {hint}", path.display());
+    }
+    Ok(abs)
+}
+
+pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
+    // Settings are checked before anything is created.
+    let mut checkpoint = CheckpointConfig {
+        interval_ms: parse_interval(&a.checkpoint_interval)?,
+        mode: a.mode.parse().map_err(anyhow::Error::msg)?,
+        ..CheckpointConfig::default()
+    };
+    a.tuning.apply(&mut checkpoint)?;
+    let (graph, mut cfg) = wordcount_config(
+        &a.input,
+        &a.output,
+        &a.state,
+        a.parallelism,
+        &a.checkpoint_interval,
+        &a.mode,
+        a.line_delay_us,
+        a.from_savepoint.as_deref(),
+        a.checkpoint_store.as_deref(),
+    )?;
+    cfg.checkpoint = checkpoint;
+    cfg.verbose = a.verbose;
+    if a.line_delay_us > 0 {
+        cfg.batch_size = 64;
+    }
+    let savepoint_dir = a.savepoint_dir.clone().unwrap_or_else(|| a.state.join("savepoints"));
+    cfg.savepoint_dir = Some(
+        std::path::absolute(&savepoint_dir).with_context(|| format!("--savepoint-dir {}", savepoint_dir.display()))?,
+    );
+    if cfg.from_savepoint.is_some() && cfg.store.latest_complete().ok().flatten().is_some() {
+        eprintln!(
+            "cutline: {} already holds checkpoints of this job: the run resumes from its latest checkpoint, not from the savepoint",
+            a.state.display()
+        );
+    }
+    let socket = a.state.join(admin::SOCKET_FILE);
+    let handle = match &a.cluster.coordinator {
+        None => cutline::spawn(graph, cfg),
+        Some(listen) => {
+            let c = &a.cluster;
+            let input = std::fs::canonicalize(&a.input)?;
+            let output = std::path::absolute(&a.output)?;
+            let job_args = ["wordcount", "--input", &input.display().to_string(), "--output"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain([
+                    output.display().to_string(),
+                    "--parallelism".into(),
+                    a.parallelism.to_string(),
+                    "--line-delay-us".into(),
+                    a.line_delay_us.to_string(),
+                ])
+                .collect();
+            let state = match &a.checkpoint_store {
+                Some(url) if url.starts_with("s3://") => url.clone(),
+                Some(dir) => std::path::absolute(dir)?.display().to_string(),
+                None => std::path::absolute(&a.state)?.display().to_string(),
+            };
+            let mut cluster =
+                ClusterConfig::new(listen, c.workers, read_secret(c.secret_file.as_deref())?, job_args, state);
+            cluster.min_workers = c.min_workers;
+            cluster.replacement_wait_ms = ms_flag("replacement-wait", &c.replacement_wait)?;
+            cluster.heartbeat_interval_ms = ms_flag("heartbeat-interval", &c.heartbeat_interval)?;
+            cluster.heartbeat_timeout_ms = ms_flag("heartbeat-timeout", &c.heartbeat_timeout)?;
+            cutline::cluster::spawn_cluster(graph, cfg, cluster)?
+        }
+    };
+    // Serve the admin socket only once the job answers: it then holds the state directory's lock, so
+    // a second run on the same directory is refused by the lock and never touches this run's socket.
+    // If the job ended already (refused, failed or finished), `join` says how.
+    let server = match handle.checkpoint_config() {
+        Ok(_) => match admin::serve(handle.control(), &socket) {
+            Ok(server) => {
+                if a.verbose {
+                    let shown = std::path::absolute(&socket).unwrap_or(socket.clone());
+                    eprintln!(
+                        "cutline: admin socket {} (cutline status|tune|savepoint --state {})",
+                        shown.display(),
+                        a.state.display()
+                    );
+                }
+                Some(server)
+            }
+            Err(e @ AdminError::PathTooLong { .. }) => {
+                eprintln!("cutline: WARNING: running without an admin socket: {e}");
+                None
+            }
+            Err(e) => {
+                handle.stop();
+                let _ = handle.join();
+                return Err(e).context("cannot serve the admin socket; the job was stopped");
+            }
+        },
+        Err(_) => None,
+    };
+    let report = handle.join();
+    drop(server); // after the job ended: requests in progress are answered first
+    let report = report?;
+    if report.already_finished {
+        println!(
+            "job already finished (final checkpoint {}); nothing written",
+            report.final_checkpoint.map(|c| c.0).unwrap_or(0)
+        );
+        return Ok(());
+    }
+    let counts = format!(
+        "{} checkpoints, {} failed, {} restarts{}",
+        report.checkpoints_completed,
+        report.checkpoints_failed,
+        report.restarts,
+        report.restored_from.map(|c| format!(", resumed from checkpoint {}", c.0)).unwrap_or_default()
+    );
+    if let Some(sp) = &report.stopped_with_savepoint {
+        println!(
+            "stopped with savepoint {} in {} ({} bytes): {counts}; start a new run from it with --from-savepoint {}",
+            sp.checkpoint.0,
+            sp.path.display(),
+            sp.bytes,
+            sp.path.display()
+        );
+    } else if report.stopped {
+        println!("stopped: {counts}; run the same command again to resume from the latest checkpoint");
+    } else {
+        println!("finished: final checkpoint {}, {counts}", report.final_checkpoint.map(|c| c.0).unwrap_or(0));
+    }
+    Ok(())
+}

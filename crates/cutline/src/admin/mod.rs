@@ -1,0 +1,122 @@
+//! The local admin endpoint of a running job: a Unix domain socket that answers one-line text requests
+//! (status, checkpoint settings, run-time tuning, savepoints, stop), and the client that sends them.
+//!
+//! It owns the socket file (binding, refusing when another live job answers there, replacing a stale
+//! file, removing it when the server is dropped), the request/answer protocol and its parsing, and the
+//! formatting of settings and status. It does not own any job behaviour: every request is carried out
+//! through [`JobControl`], which decides whether settings are valid (`CheckpointConfig::validate`),
+//! takes and exports savepoints and stops the job. It does not authenticate: whoever may connect to the
+//! socket file (its directory's permissions decide) may control the job.
+//!
+//! # Protocol
+//!
+//! A client connects, sends one request line (UTF-8, at most [`MAX_REQUEST_BYTES`] including the
+//! newline, within [`REQUEST_READ_TIMEOUT`]), and reads the answer until the server closes the
+//! connection. The first line of an answer is `ok`, `ok <details>` or `error: <reason>`; some answers
+//! continue on further lines.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `ping` | `ok cutline pid=<pid>` while the job runs |
+//! | `status` | `ok`, then a readable report: settings, per-task backpressure and idle time, channel occupancy, recent failed and completed checkpoints |
+//! | `config` | `ok <settings>`: every checkpoint setting as `key=value`, the syntax `set` takes |
+//! | `set key=value ...` | `ok <settings>` now in force; only the named keys change |
+//! | `savepoint [to=PATH]` | `ok checkpoint=<id> bytes=<n> path=<PATH>` once the savepoint is exported |
+//! | `stop-with-savepoint [to=PATH]` | the same; the job then drains and stops |
+//! | `stop` | `ok stopping`: the job stops without a further checkpoint |
+//! | `help` | `ok`, then this list |
+//!
+//! Keys of `set` (and of the `config` answer):
+//!
+//! | key | value | meaning |
+//! |---|---|---|
+//! | `interval` | duration or `off` | time between checkpoint triggers |
+//! | `timeout` | duration | a checkpoint not complete this long after its trigger is aborted |
+//! | `min-pause` | duration | minimum time from the end of one checkpoint to the next trigger |
+//! | `max-concurrent` | integer | checkpoints in flight at once |
+//! | `tolerable-failures` | integer | consecutive failed checkpoints tolerated before a failover |
+//! | `mode` | `exactly-once` or `at-least-once` | checkpoint mode |
+//! | `unaligned` | `true` or `false` | exactly-once checkpoints are unaligned |
+//! | `alignment-timeout` | duration or `off` | aligned checkpoints switch to unaligned once this old (from their trigger) |
+//! | `max-aligned-bytes` | bytes or `off` | aligned checkpoints switch to unaligned when blocked inputs hold more |
+//!
+//! Durations are `0`, or a whole number with `ms`, `s`, `m` or `h` (`200ms`, `30s`). Byte counts are a
+//! whole number, optionally with `KiB`, `MiB` or `GiB`. Booleans are `true`/`false` (also `on`/`off`,
+//! `yes`/`no`, `1`/`0`). A `set` applies its keys to the settings in force and sends the result as one
+//! change: a bad value or an invalid combination is refused with the reason and changes nothing. The
+//! settings apply from the next checkpoint trigger. `PATH` of a savepoint is the rest of the line after
+//! `to=` (spaces allowed), must be absolute, and must name a new or empty directory; without it, the
+//! savepoint goes to the job's savepoint directory.
+
+mod client;
+mod protocol;
+mod server;
+mod status;
+#[cfg(test)]
+mod tests;
+
+pub use client::{request, request_ok, request_with_timeout};
+pub use protocol::{
+    apply_settings, format_config, format_duration_ms, mode_name, parse_bool, parse_duration_ms, parse_optional_bytes,
+    parse_optional_duration_ms, parse_request, parse_setting, Request, Setting, SETTING_KEYS,
+};
+pub use server::{serve, AdminServer};
+pub use status::format_status;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The socket's file name in a job's state directory (the CLI serves `<state>/admin.sock`).
+pub const SOCKET_FILE: &str = "admin.sock";
+/// The longest request line, newline included.
+pub const MAX_REQUEST_BYTES: usize = 4096;
+/// The longest answer a client reads.
+pub const MAX_ANSWER_BYTES: usize = 1 << 20;
+/// A request line must arrive within this time after the connection is accepted.
+pub const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// Writing an answer gives up after this long (a client that stopped reading).
+const ANSWER_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long [`request`] waits for an answer: savepoints of a large job take a while.
+pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long [`serve`] waits for the answer of a process found on the socket.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Requests served at once; more are answered `error: busy`.
+pub const MAX_CONNECTIONS: usize = 8;
+/// How often the accept loop looks at its stop flag.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
+/// How long dropping the server waits for requests in progress to be answered.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest socket path (`sun_path`, including its terminating NUL).
+#[cfg(target_os = "linux")]
+const SUN_PATH_BYTES: usize = 108;
+#[cfg(not(target_os = "linux"))]
+const SUN_PATH_BYTES: usize = 104;
+
+/// What went wrong serving or reaching the admin socket.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("no running job answers on {}", socket.display())]
+    NotRunning { socket: PathBuf },
+    #[error("another running job already answers on {}: stop it first, or use another state directory", socket.display())]
+    AlreadyServing { socket: PathBuf },
+    #[error("{} exists and is not a socket: move it away, or use another state directory", path.display())]
+    NotASocket { path: PathBuf },
+    #[error("the socket path {} is {len} bytes long, and Unix domain sockets allow at most {max}: use a shorter path", path.display())]
+    PathTooLong { path: PathBuf, len: usize, max: usize },
+    #[error("admin socket {}: cannot {what}: {source}", socket.display())]
+    Io {
+        socket: PathBuf,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no answer from {} within {} s", socket.display(), after.as_secs())]
+    Timeout { socket: PathBuf, after: Duration },
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error("malformed answer from {}: {reason}", socket.display())]
+    BadAnswer { socket: PathBuf, reason: String },
+    /// The job answered `error: <reason>`.
+    #[error("{0}")]
+    Refused(String),
+}

@@ -1,0 +1,338 @@
+//! The request/answer protocol of the admin socket: parsing request lines and settings, applying them
+//! to the settings in force, formatting settings, and carrying out one request through [`JobControl`].
+
+use super::status::format_status;
+use crate::runtime::JobControl;
+use cutline_core::barrier::CheckpointMode;
+use cutline_core::coordinator::CheckpointConfig;
+use std::path::PathBuf;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Ping,
+    Status,
+    Config,
+    Set(Vec<Setting>),
+    Savepoint { to: Option<PathBuf>, stop: bool },
+    Stop,
+    Help,
+}
+
+/// One checkpoint setting of a `set` request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Setting {
+    Interval(Option<u64>),
+    Timeout(u64),
+    MinPause(u64),
+    MaxConcurrent(usize),
+    TolerableFailures(u32),
+    Mode(CheckpointMode),
+    Unaligned(bool),
+    AlignmentTimeout(Option<u64>),
+    MaxAlignedBytes(Option<u64>),
+}
+
+/// Every key of `set`, in the order `config` prints them.
+pub const SETTING_KEYS: [&str; 9] = [
+    "interval",
+    "timeout",
+    "min-pause",
+    "max-concurrent",
+    "tolerable-failures",
+    "mode",
+    "unaligned",
+    "alignment-timeout",
+    "max-aligned-bytes",
+];
+
+impl Setting {
+    /// The protocol key.
+    pub fn key(&self) -> &'static str {
+        match self {
+            Setting::Interval(_) => "interval",
+            Setting::Timeout(_) => "timeout",
+            Setting::MinPause(_) => "min-pause",
+            Setting::MaxConcurrent(_) => "max-concurrent",
+            Setting::TolerableFailures(_) => "tolerable-failures",
+            Setting::Mode(_) => "mode",
+            Setting::Unaligned(_) => "unaligned",
+            Setting::AlignmentTimeout(_) => "alignment-timeout",
+            Setting::MaxAlignedBytes(_) => "max-aligned-bytes",
+        }
+    }
+
+    /// `key=value` in the protocol's syntax.
+    pub fn to_protocol(&self) -> String {
+        let value = match self {
+            Setting::Interval(v) | Setting::AlignmentTimeout(v) => optional_duration(*v),
+            Setting::Timeout(v) | Setting::MinPause(v) => format_duration_ms(*v),
+            Setting::MaxConcurrent(v) => v.to_string(),
+            Setting::TolerableFailures(v) => v.to_string(),
+            Setting::Mode(m) => mode_name(*m).to_string(),
+            Setting::Unaligned(b) => b.to_string(),
+            Setting::MaxAlignedBytes(v) => v.map(|b| b.to_string()).unwrap_or_else(|| "off".into()),
+        };
+        format!("{}={value}", self.key())
+    }
+
+    fn apply(&self, cfg: &mut CheckpointConfig) {
+        match *self {
+            Setting::Interval(v) => cfg.interval_ms = v,
+            Setting::Timeout(v) => cfg.timeout_ms = v,
+            Setting::MinPause(v) => cfg.min_pause_ms = v,
+            Setting::MaxConcurrent(v) => cfg.max_concurrent = v,
+            Setting::TolerableFailures(v) => cfg.tolerable_failures = v,
+            Setting::Mode(m) => cfg.mode = m,
+            Setting::Unaligned(b) => cfg.unaligned = b,
+            Setting::AlignmentTimeout(v) => cfg.alignment_timeout_ms = v,
+            Setting::MaxAlignedBytes(v) => cfg.max_aligned_bytes = v,
+        }
+    }
+}
+
+/// Parse the value of one `set` key.
+pub fn parse_setting(key: &str, value: &str) -> Result<Setting, String> {
+    let bad = |e: String| format!("bad value {value:?} for {key}: {e}");
+    let s = match key {
+        "interval" => Setting::Interval(parse_optional_duration_ms(value).map_err(bad)?),
+        "timeout" => Setting::Timeout(parse_duration_ms(value).map_err(bad)?),
+        "min-pause" => Setting::MinPause(parse_duration_ms(value).map_err(bad)?),
+        "max-concurrent" => Setting::MaxConcurrent(parse_count(value).map_err(bad)?),
+        "tolerable-failures" => Setting::TolerableFailures(parse_count(value).map_err(bad)?),
+        "mode" => Setting::Mode(value.parse().map_err(bad)?),
+        "unaligned" => Setting::Unaligned(parse_bool(value).map_err(bad)?),
+        "alignment-timeout" => Setting::AlignmentTimeout(parse_optional_duration_ms(value).map_err(bad)?),
+        "max-aligned-bytes" => Setting::MaxAlignedBytes(parse_optional_bytes(value).map_err(bad)?),
+        other => return Err(format!("unknown setting {other:?}: the settings are {}", SETTING_KEYS.join(", "))),
+    };
+    Ok(s)
+}
+
+/// Parse one request line (without or with its trailing newline).
+pub fn parse_request(line: &str) -> Result<Request, String> {
+    let line = line.strip_suffix('\n').unwrap_or(line);
+    let line = line.strip_suffix('\r').unwrap_or(line);
+    if line.contains(['\n', '\r']) {
+        return Err("a request is one line".into());
+    }
+    let line = line.trim();
+    let (cmd, rest) = match line.split_once(char::is_whitespace) {
+        Some((c, r)) => (c, r.trim()),
+        None => (line, ""),
+    };
+    let no_args = |r: Request| if rest.is_empty() { Ok(r) } else { Err(format!("{cmd} takes no arguments")) };
+    match cmd {
+        "" => Err("empty request: try help".into()),
+        "ping" => no_args(Request::Ping),
+        "status" => no_args(Request::Status),
+        "config" => no_args(Request::Config),
+        "stop" => no_args(Request::Stop),
+        "help" => no_args(Request::Help),
+        "set" => parse_set(rest).map(Request::Set),
+        "savepoint" | "stop-with-savepoint" => {
+            let to = if rest.is_empty() {
+                None
+            } else {
+                let path = rest
+                    .strip_prefix("to=")
+                    .ok_or_else(|| format!("{cmd} takes only to=PATH (the rest of the line), not {rest:?}"))?;
+                if path.is_empty() {
+                    return Err("to= needs a path".into());
+                }
+                let path = PathBuf::from(path);
+                if !path.is_absolute() {
+                    return Err(format!(
+                        "savepoint path {} is relative: give an absolute path (the job may run in another directory)",
+                        path.display()
+                    ));
+                }
+                Some(path)
+            };
+            Ok(Request::Savepoint { to, stop: cmd == "stop-with-savepoint" })
+        }
+        other => Err(format!(
+            "unknown request {other:?}: use ping, status, config, set, savepoint, stop-with-savepoint, stop or help"
+        )),
+    }
+}
+
+fn parse_set(args: &str) -> Result<Vec<Setting>, String> {
+    if args.is_empty() {
+        return Err(format!("set needs at least one key=value; the keys are {}", SETTING_KEYS.join(", ")));
+    }
+    let mut out: Vec<Setting> = Vec::new();
+    for tok in args.split_whitespace() {
+        let (k, v) = tok.split_once('=').ok_or_else(|| format!("expected key=value, got {tok:?}"))?;
+        let s = parse_setting(k, v)?;
+        if out.iter().any(|o| o.key() == s.key()) {
+            return Err(format!("{k} is given twice"));
+        }
+        out.push(s);
+    }
+    Ok(out)
+}
+
+/// The settings in force with `settings` applied, if they are valid together.
+pub fn apply_settings(current: &CheckpointConfig, settings: &[Setting]) -> Result<CheckpointConfig, String> {
+    let mut cfg = current.clone();
+    for s in settings {
+        s.apply(&mut cfg);
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Every setting as `key=value`, separated by spaces, in the syntax `set` takes.
+pub fn format_config(cfg: &CheckpointConfig) -> String {
+    let all = [
+        Setting::Interval(cfg.interval_ms),
+        Setting::Timeout(cfg.timeout_ms),
+        Setting::MinPause(cfg.min_pause_ms),
+        Setting::MaxConcurrent(cfg.max_concurrent),
+        Setting::TolerableFailures(cfg.tolerable_failures),
+        Setting::Mode(cfg.mode),
+        Setting::Unaligned(cfg.unaligned),
+        Setting::AlignmentTimeout(cfg.alignment_timeout_ms),
+        Setting::MaxAlignedBytes(cfg.max_aligned_bytes),
+    ];
+    all.iter().map(Setting::to_protocol).collect::<Vec<_>>().join(" ")
+}
+
+/// `exactly-once` or `at-least-once` (what `CheckpointMode::from_str` reads).
+pub fn mode_name(m: CheckpointMode) -> &'static str {
+    match m {
+        CheckpointMode::ExactlyOnce => "exactly-once",
+        CheckpointMode::AtLeastOnce => "at-least-once",
+    }
+}
+
+/// `0`, or a whole number with `ms`, `s`, `m` or `h`, in milliseconds (at most a year).
+pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
+    if s == "0" {
+        return Ok(0);
+    }
+    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1000)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60_000)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3_600_000)
+    } else {
+        return Err("use a whole number with ms, s, m or h (e.g. 200ms, 30s)".into());
+    };
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("use a whole number with ms, s, m or h (e.g. 200ms, 30s)".into());
+    }
+    let n: u64 = num.parse().map_err(|_| "too large".to_string())?;
+    match n.checked_mul(mult) {
+        Some(ms) if ms <= 365 * 86_400_000 => Ok(ms),
+        _ => Err("at most a year".into()),
+    }
+}
+
+/// A duration, or `off` (None).
+pub fn parse_optional_duration_ms(s: &str) -> Result<Option<u64>, String> {
+    if s == "off" {
+        Ok(None)
+    } else {
+        parse_duration_ms(s).map(Some).map_err(|e| format!("{e}, or off"))
+    }
+}
+
+/// Milliseconds in the largest unit that divides them: `200ms`, `30s`, `2m`, `1h`.
+#[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` is newer than the workspace's rust-version
+pub fn format_duration_ms(ms: u64) -> String {
+    if ms == 0 {
+        "0ms".into()
+    } else if ms % 3_600_000 == 0 {
+        format!("{}h", ms / 3_600_000)
+    } else if ms % 60_000 == 0 {
+        format!("{}m", ms / 60_000)
+    } else if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+fn optional_duration(v: Option<u64>) -> String {
+    v.map(format_duration_ms).unwrap_or_else(|| "off".into())
+}
+
+fn parse_count<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("use a whole number".into());
+    }
+    s.parse().map_err(|_| "too large".to_string())
+}
+
+/// `true`/`false`, `on`/`off`, `yes`/`no`, `1`/`0`.
+pub fn parse_bool(s: &str) -> Result<bool, String> {
+    match s {
+        "true" | "on" | "yes" | "1" => Ok(true),
+        "false" | "off" | "no" | "0" => Ok(false),
+        _ => Err("use true or false".into()),
+    }
+}
+
+/// A byte count (`1048576`, `64KiB`, `1MiB`, `2GiB`), or `off` (None).
+pub fn parse_optional_bytes(s: &str) -> Result<Option<u64>, String> {
+    if s == "off" {
+        return Ok(None);
+    }
+    let (num, mult) = [("KiB", 1u64 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("B", 1)]
+        .iter()
+        .find_map(|(suffix, m)| s.strip_suffix(suffix).map(|n| (n, *m)))
+        .unwrap_or((s, 1));
+    let n: u64 =
+        parse_count(num).map_err(|_| "use a whole number of bytes, optionally with KiB, MiB or GiB, or off")?;
+    n.checked_mul(mult).map(Some).ok_or_else(|| "too large".to_string())
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Answers.
+
+const HELP: &str = "requests:
+  ping
+  status
+  config
+  set key=value ...   keys: interval timeout min-pause max-concurrent tolerable-failures mode unaligned alignment-timeout max-aligned-bytes
+  savepoint [to=ABSOLUTE-PATH]
+  stop-with-savepoint [to=ABSOLUTE-PATH]
+  stop
+  help";
+
+/// Carry out one request line through `control` and return the whole answer.
+pub(crate) fn answer(control: &JobControl, line: &str) -> String {
+    let request = match parse_request(line) {
+        Ok(r) => r,
+        Err(e) => return format!("error: {e}"),
+    };
+    let result: Result<String, String> = match request {
+        Request::Ping => control.checkpoint_config().map(|_| format!("ok cutline pid={}", std::process::id())),
+        Request::Help => Ok(format!("ok\n{HELP}")),
+        Request::Config => control.checkpoint_config().map(|c| format!("ok {}", format_config(&c))),
+        Request::Status => control.metrics().map(|m| format!("ok\n{}", format_status(&m))),
+        Request::Set(settings) => {
+            // Applied on the job's coordinator thread to the settings in force: only the given keys
+            // change, whoever else changes others meanwhile.
+            control
+                .update_checkpoint_config(move |cfg| {
+                    *cfg = apply_settings(cfg, &settings)?;
+                    Ok(())
+                })
+                .map(|c| format!("ok {}", format_config(&c)))
+        }
+        Request::Savepoint { to, stop } => {
+            let r = if stop { control.stop_with_savepoint(to) } else { control.savepoint(to) };
+            r.map(|sp| format!("ok checkpoint={} bytes={} path={}", sp.checkpoint.0, sp.bytes, sp.path.display()))
+        }
+        Request::Stop => {
+            control.stop();
+            Ok("ok stopping".into())
+        }
+    };
+    result.unwrap_or_else(|e| format!("error: {e}"))
+}

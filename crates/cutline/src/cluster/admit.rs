@@ -1,0 +1,170 @@
+//! Admission of workers at the coordinator: the acceptor, the authenticated handshake on a thread of
+//! its own per connection, and each admitted worker's reader and writer threads.
+
+use super::coordinator::{EventSink, Inbox, Reports, WorkerConn, WORKER_QUEUE_MESSAGES};
+use super::proto::{self, frame, version, JobInfo, JoinHello, ToCoordinator, ToWorker, WelcomeHello};
+use super::wire::{self, Secret};
+use crate::runtime::run::RtEvent;
+use crossbeam_channel::Sender;
+use std::io::{BufReader, BufWriter, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Handshakes in progress at once; more connections are closed at once (a flood of unauthenticated
+/// peers costs a bounded number of threads).
+pub(crate) const MAX_PENDING_HANDSHAKES: usize = 64;
+/// Frame limit before a peer is authenticated: hellos are small.
+pub(crate) const HANDSHAKE_MAX_FRAME_BYTES: u32 = 64 << 10;
+
+/// What the acceptor and every admission share.
+pub(crate) struct AdmitCtx {
+    pub(crate) secret: Secret,
+    pub(crate) job: JobInfo,
+    pub(crate) inbox: Sender<Inbox>,
+    pub(crate) events: EventSink,
+    pub(crate) reports: Reports,
+    pub(crate) clock: Instant,
+    pub(crate) max_frame_bytes: u32,
+    pub(crate) heartbeat_interval_ms: u64,
+    /// Ids go to authenticated workers only.
+    pub(crate) next_id: std::sync::atomic::AtomicU32,
+    /// Handshakes in progress.
+    pub(crate) handshakes: std::sync::atomic::AtomicUsize,
+}
+
+/// Accept workers: authenticate, hand them the job, and start a reader and a writer per connection.
+pub(crate) fn accept_workers(listener: TcpListener, ctx: Arc<AdmitCtx>, closing: Arc<AtomicBool>) {
+    for stream in listener.incoming() {
+        if closing.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(stream) = stream else { continue };
+        if ctx.handshakes.fetch_add(1, Ordering::SeqCst) >= MAX_PENDING_HANDSHAKES {
+            ctx.handshakes.fetch_sub(1, Ordering::SeqCst);
+            eprintln!(
+                "cutline: refused a connection from {}: {MAX_PENDING_HANDSHAKES} handshakes already in progress",
+                stream.peer_addr().map(|a| a.to_string()).unwrap_or_default()
+            );
+            continue;
+        }
+        let ctx = ctx.clone();
+        // Each handshake on its own thread: a slow or hostile peer holds up no one else.
+        let spawned = std::thread::Builder::new().name("cutline-admit".into()).spawn(move || {
+            admit(stream, &ctx);
+        });
+        if spawned.is_err() {
+            // The closure (and its count) is gone with the failed spawn; the count stays one high,
+            // which only lowers the limit.
+            continue;
+        }
+    }
+}
+
+/// Authenticate one connection; if it is a worker of our version, hand it the job and start its
+/// reader and writer.
+fn admit(mut stream: TcpStream, ctx: &AdmitCtx) {
+    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let welcome = proto::encode(&WelcomeHello { version: version() });
+    let hello = wire::handshake_server(&mut stream, &ctx.secret, &welcome, HANDSHAKE_MAX_FRAME_BYTES)
+        .and_then(|h| proto::decode::<JoinHello>(&h));
+    ctx.handshakes.fetch_sub(1, Ordering::SeqCst);
+    let hello = match hello {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("cutline: refused a connection from {peer}: {e}");
+            return;
+        }
+    };
+    if hello.version != version() {
+        eprintln!(
+            "cutline: refused worker {} at {peer}: it runs cutline {}, this coordinator {}; run the same version everywhere",
+            hello.name,
+            hello.version,
+            version()
+        );
+        return;
+    }
+    let id = ctx.next_id.fetch_add(1, Ordering::SeqCst);
+    let (clock, max_frame_bytes) = (ctx.clock, ctx.max_frame_bytes);
+    let job = frame(&ToWorker::Job { worker: id, job: ctx.job.clone() });
+    let last_heard = Arc::new(AtomicU64::new(clock.elapsed().as_millis() as u64));
+    let (out_tx, out_rx) = crossbeam_channel::bounded::<Vec<u8>>(WORKER_QUEUE_MESSAGES);
+    let _ = out_tx.try_send(job);
+    let (Ok(r), Ok(w)) = (stream.try_clone(), stream.try_clone()) else { return };
+    let Ok(conn_stream) = stream.try_clone() else { return };
+    // Known to the coordinator before its reader can report it lost.
+    let conn = WorkerConn {
+        name: hello.name,
+        data_addr: hello.data_addr,
+        out: out_tx,
+        stream: conn_stream,
+        last_heard: last_heard.clone(),
+    };
+    if ctx.inbox.send(Inbox::Joined(id, conn)).is_err() {
+        return;
+    }
+    let (inbox, events, reports) = (&ctx.inbox, &ctx.events, &ctx.reports);
+    // Writer: the coordinator's messages, and a heartbeat whenever nothing was sent for an interval.
+    let inbox_w = inbox.clone();
+    let beat = Duration::from_millis(ctx.heartbeat_interval_ms);
+    let spawned_writer = std::thread::Builder::new().name(format!("cutline-to-worker-{id}")).spawn(move || {
+        let mut w = BufWriter::new(w);
+        let _ = w.get_ref().set_write_timeout(Some(Duration::from_secs(10)));
+        let heartbeat = frame(&ToWorker::Heartbeat);
+        loop {
+            let f = match out_rx.recv_timeout(beat) {
+                Ok(f) => f,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => heartbeat.clone(),
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+            };
+            let r = w.write_all(&f).and_then(|()| if out_rx.is_empty() { w.flush() } else { Ok(()) });
+            if let Err(e) = r {
+                let _ = inbox_w.send(Inbox::Lost(id, format!("sending to it failed: {e}")));
+                return;
+            }
+        }
+    });
+    // Reader.
+    let (inbox_r, events_r, heard, reports_r) = (inbox.clone(), events.clone(), last_heard.clone(), reports.clone());
+    let spawned_reader = std::thread::Builder::new().name(format!("cutline-from-worker-{id}")).spawn(move || {
+        let mut r = BufReader::new(r);
+        let mut buf = Vec::new();
+        loop {
+            let m = match proto::read_message::<ToCoordinator>(&mut r, max_frame_bytes, &mut buf) {
+                Ok(m) => m,
+                Err(e) => {
+                    let why = if e.is_closed() { "its connection closed".to_string() } else { e.to_string() };
+                    let _ = inbox_r.send(Inbox::Lost(id, why));
+                    return;
+                }
+            };
+            heard.store(clock.elapsed().as_millis() as u64, Ordering::SeqCst);
+            match m {
+                ToCoordinator::Heartbeat { tasks } => reports_r.lock().expect("reports").extend(tasks),
+                ToCoordinator::Events(evs) => {
+                    let sink = events_r.lock().expect("event sink");
+                    // Events of older generations are the coordinator's to ignore (it checks every
+                    // event's generation).
+                    if let Some((_, tx)) = sink.as_ref() {
+                        let mut out = Vec::new();
+                        for e in evs {
+                            e.into_events(&mut out);
+                        }
+                        let _ = tx.send(RtEvent::Batch(out));
+                    }
+                }
+                other => {
+                    if inbox_r.send(Inbox::Msg(id, other)).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    if spawned_writer.is_err() || spawned_reader.is_err() {
+        let _ = stream.shutdown(Shutdown::Both);
+        let _ = inbox.send(Inbox::Lost(id, "cannot start its threads".into()));
+    }
+}

@@ -1,0 +1,496 @@
+//! The coordinator side of a cluster: a `Backend` of the same run loop the embedded runtime uses.
+//! Deploying a generation means sending each worker its placement and waiting for its answer;
+//! decisions go to workers as messages; workers' aggregated acknowledgements come back as the same
+//! coordinator events. Heartbeats go both ways on the control connection; a worker that is silent for
+//! longer than the heartbeat timeout, or whose connection breaks, is lost: the generation fails over
+//! and the next one is placed on the live workers (and on any worker that joined meanwhile).
+//!
+//! A worker keeps no job state of its own: everything it restores comes from checkpoint storage,
+//! and when it loses its coordinator it stops its tasks and joins again (a restarted coordinator
+//! finds the latest complete checkpoint in storage and resumes from it).
+
+use super::admit::{accept_workers, AdmitCtx};
+use super::proto::{frame, DeployMsg, JobInfo, ToCoordinator, ToWorker, WireControl, WorkerSettings};
+use super::wire::{self, Secret};
+use crate::dataflow::JobGraph;
+use crate::error::TaskError;
+use crate::runtime::run::{run_on, Backend, DeployError, Deployed, RtEvent};
+use crate::runtime::task::Control;
+use crate::runtime::{Command, JobControl, JobHandle, RunConfig, RunError, TaskReport};
+use crate::state::RestoreIndex;
+use crossbeam_channel::{Receiver, Sender};
+use cutline_core::{CheckpointId, Generation, TaskId};
+use std::collections::{BTreeMap, HashMap};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Default interval of heartbeats, both ways.
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 200;
+/// Default silence after which a peer is lost.
+pub const DEFAULT_HEARTBEAT_TIMEOUT_MS: u64 = 3_000;
+/// How long the first generation waits for all workers to join.
+pub const DEFAULT_JOIN_TIMEOUT_MS: u64 = 120_000;
+/// How long a restart waits for lost workers to be replaced before it runs on fewer.
+pub const DEFAULT_REPLACEMENT_WAIT_MS: u64 = 5_000;
+/// How long the workers may take to deploy a generation (restore state, open links).
+pub const DEFAULT_DEPLOY_TIMEOUT_MS: u64 = 60_000;
+/// Messages queued for one worker before it counts as lost (it is not reading).
+pub(crate) const WORKER_QUEUE_MESSAGES: usize = 4096;
+/// How a coordinator runs a job on worker processes.
+#[derive(Clone)]
+pub struct ClusterConfig {
+    /// Where workers connect ("0.0.0.0:7070").
+    pub listen: String,
+    /// Workers a generation is placed on when all are there.
+    pub workers: usize,
+    /// Fewest workers a restart runs on after waiting `replacement_wait_ms` for the others.
+    pub min_workers: usize,
+    /// The cluster's shared secret (at least 16 bytes); peers prove they hold it, it is never sent.
+    pub secret: Vec<u8>,
+    /// The arguments workers build the job from (the job part of the command line).
+    pub job_args: Vec<String>,
+    /// The checkpoint storage every worker opens (a path every host sees, or `s3://bucket/prefix`).
+    pub state: String,
+    pub heartbeat_interval_ms: u64,
+    pub heartbeat_timeout_ms: u64,
+    pub join_timeout_ms: u64,
+    pub replacement_wait_ms: u64,
+    pub deploy_timeout_ms: u64,
+    pub max_frame_bytes: u32,
+}
+
+impl ClusterConfig {
+    pub fn new(
+        listen: impl Into<String>,
+        workers: usize,
+        secret: Vec<u8>,
+        job_args: Vec<String>,
+        state: String,
+    ) -> Self {
+        ClusterConfig {
+            listen: listen.into(),
+            workers,
+            min_workers: 1,
+            secret,
+            job_args,
+            state,
+            heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
+            heartbeat_timeout_ms: DEFAULT_HEARTBEAT_TIMEOUT_MS,
+            join_timeout_ms: DEFAULT_JOIN_TIMEOUT_MS,
+            replacement_wait_ms: DEFAULT_REPLACEMENT_WAIT_MS,
+            deploy_timeout_ms: DEFAULT_DEPLOY_TIMEOUT_MS,
+            max_frame_bytes: wire::DEFAULT_MAX_FRAME_BYTES,
+        }
+    }
+
+    fn validate(&self) -> Result<Secret, RunError> {
+        let bad = |m: String| Err(RunError::Config(m));
+        if self.workers == 0 || self.min_workers == 0 || self.min_workers > self.workers {
+            return bad(format!(
+                "a cluster needs at least 1 worker and 1 <= min workers <= workers (got {} and {})",
+                self.workers, self.min_workers
+            ));
+        }
+        if self.heartbeat_interval_ms == 0 || self.heartbeat_timeout_ms <= self.heartbeat_interval_ms {
+            return bad("the heartbeat timeout must be longer than the (positive) heartbeat interval".into());
+        }
+        Secret::new(self.secret.clone()).map_err(RunError::Config)
+    }
+}
+
+/// Start `graph` as the coordinator of a cluster on a background thread: workers join at
+/// `cluster.listen`, the coordinator places tasks on them, and controls the job like [`crate::spawn`].
+pub fn spawn_cluster(graph: JobGraph, cfg: RunConfig, cluster: ClusterConfig) -> Result<JobHandle, RunError> {
+    let secret = cluster.validate()?;
+    let listener = TcpListener::bind(&cluster.listen).map_err(|e| {
+        RunError::Config(format!(
+            "cannot listen for workers on {}: {e}; choose another --coordinator address",
+            cluster.listen
+        ))
+    })?;
+    let (tx, rx) = crossbeam_channel::unbounded::<Command>();
+    let thread = std::thread::Builder::new()
+        .name(format!("cutline-{}", graph.name()))
+        .spawn(move || {
+            let mut backend = ClusterBackend::start(listener, secret, cluster, &cfg)?;
+            let r = run_on(&graph, cfg, &rx, &mut backend);
+            let reason = match &r {
+                Ok(rep) if rep.stopped => "the job was stopped".to_string(),
+                Ok(_) => "the job finished".to_string(),
+                Err(e) => format!("the job failed: {e}"),
+            };
+            backend.shutdown(&reason);
+            r
+        })
+        .map_err(RunError::Spawn)?;
+    Ok(JobHandle::new(JobControl::new(tx), thread))
+}
+
+/// What the coordinator knows of one connected worker.
+pub(crate) struct WorkerConn {
+    pub(crate) name: String,
+    pub(crate) data_addr: String,
+    pub(crate) out: Sender<Vec<u8>>,
+    pub(crate) stream: TcpStream,
+    /// Coordinator-clock ms of the last message from it.
+    pub(crate) last_heard: Arc<AtomicU64>,
+}
+
+pub(crate) enum Inbox {
+    Joined(u32, WorkerConn),
+    Msg(u32, ToCoordinator),
+    Lost(u32, String),
+}
+
+/// The current generation's event sink, shared with the connection readers (acks go straight in).
+pub(crate) type EventSink = Arc<Mutex<Option<(Generation, Sender<RtEvent>)>>>;
+/// The latest flow-control figures per task, from workers' heartbeats.
+pub(crate) type Reports = Arc<Mutex<HashMap<u32, TaskReport>>>;
+
+struct ClusterBackend {
+    cluster: ClusterConfig,
+    inbox: Receiver<Inbox>,
+    workers: BTreeMap<u32, WorkerConn>,
+    events: EventSink,
+    reports: Reports,
+    /// Workers of the current generation, and which of them run sources.
+    members: Vec<u32>,
+    source_workers: Vec<u32>,
+    generation: Option<Generation>,
+    deployed_once: bool,
+    clock: Instant,
+    verbose: bool,
+    closing: Arc<AtomicBool>,
+    /// The address the listener is bound to (to wake its thread at shutdown).
+    listen_addr: Option<SocketAddr>,
+    /// A member of the current generation dropped outside `pump_inbox` (its queue was full).
+    lost: Option<String>,
+}
+
+impl ClusterBackend {
+    fn start(listener: TcpListener, secret: Secret, cluster: ClusterConfig, cfg: &RunConfig) -> Result<Self, RunError> {
+        let (tx, inbox) = crossbeam_channel::unbounded();
+        let events: EventSink = Default::default();
+        let reports: Reports = Default::default();
+        let clock = Instant::now();
+        let closing = Arc::new(AtomicBool::new(false));
+        let settings = WorkerSettings {
+            heartbeat_interval_ms: cluster.heartbeat_interval_ms,
+            heartbeat_timeout_ms: cluster.heartbeat_timeout_ms,
+            channel_capacity: cfg.channel_capacity as u32,
+            batch_size: cfg.batch_size as u32,
+            max_channel_state_bytes: cfg.max_channel_state_bytes,
+            snapshot_writers: cfg.snapshot_writers as u32,
+            max_frame_bytes: cluster.max_frame_bytes,
+            verbose: cfg.verbose,
+        };
+        let job = JobInfo {
+            args: cluster.job_args.clone(),
+            fingerprint: cfg.job_fingerprint.clone(),
+            state: cluster.state.clone(),
+            settings,
+        };
+        let listen_addr = listener.local_addr().ok();
+        let (ev, rep, closing2) = (events.clone(), reports.clone(), closing.clone());
+        let ctx = AdmitCtx {
+            secret,
+            job,
+            inbox: tx,
+            events: ev,
+            reports: rep,
+            clock,
+            max_frame_bytes: cluster.max_frame_bytes,
+            heartbeat_interval_ms: cluster.heartbeat_interval_ms,
+            next_id: Default::default(),
+            handshakes: Default::default(),
+        };
+        std::thread::Builder::new()
+            .name("cutline-accept".into())
+            .spawn(move || accept_workers(listener, Arc::new(ctx), closing2))
+            .map_err(RunError::Spawn)?;
+        if cfg.verbose {
+            eprintln!("cutline: coordinator waiting for {} worker(s) on {}", cluster.workers, cluster.listen);
+        }
+        Ok(ClusterBackend {
+            cluster,
+            inbox,
+            workers: BTreeMap::new(),
+            events,
+            reports,
+            members: Vec::new(),
+            source_workers: Vec::new(),
+            generation: None,
+            deployed_once: false,
+            clock,
+            verbose: cfg.verbose,
+            closing,
+            listen_addr,
+            lost: None,
+        })
+    }
+
+    fn log(&self, msg: impl FnOnce() -> String) {
+        if self.verbose {
+            eprintln!("cutline: {}", msg());
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
+    }
+
+    fn send(&mut self, w: u32, frame: Vec<u8>) {
+        let full = match self.workers.get(&w) {
+            Some(c) => c.out.try_send(frame).is_err(),
+            None => return,
+        };
+        if full {
+            self.drop_worker(w, "it stopped reading its messages".into());
+        }
+    }
+
+    fn drop_worker(&mut self, w: u32, why: String) {
+        if let Some(c) = self.workers.remove(&w) {
+            eprintln!("cutline: worker {w} ({}) lost: {why}", c.name);
+            let _ = c.stream.shutdown(Shutdown::Both);
+            if self.members.contains(&w) {
+                self.lost.get_or_insert(format!("worker {w} lost: {why}"));
+            }
+        }
+    }
+
+    /// Take in what arrived: joins, losses, answers. Returns the answers (for a waiting caller) and
+    /// the reason to fail over, if a member of the current generation was lost.
+    fn pump_inbox(&mut self, answers: &mut Vec<(u32, ToCoordinator)>) -> Option<String> {
+        let mut lost_member = self.lost.take();
+        while let Ok(m) = self.inbox.try_recv() {
+            match m {
+                Inbox::Joined(w, conn) => {
+                    self.log(|| format!("worker {w} ({}) joined, data plane at {}", conn.name, conn.data_addr));
+                    self.workers.insert(w, conn);
+                }
+                Inbox::Lost(w, why) => {
+                    if self.workers.contains_key(&w) {
+                        self.drop_worker(w, why.clone());
+                        if self.members.contains(&w) {
+                            lost_member.get_or_insert(format!("worker {w} lost: {why}"));
+                        }
+                    }
+                }
+                Inbox::Msg(w, m) => answers.push((w, m)),
+            }
+        }
+        // Silence: a hung or cut-off worker.
+        let now = self.now_ms();
+        let silent: Vec<u32> = self
+            .workers
+            .iter()
+            .filter(|(_, c)| {
+                now.saturating_sub(c.last_heard.load(Ordering::SeqCst)) > self.cluster.heartbeat_timeout_ms
+            })
+            .map(|(w, _)| *w)
+            .collect();
+        for w in silent {
+            let why = format!("no heartbeat for more than {} ms", self.cluster.heartbeat_timeout_ms);
+            self.drop_worker(w, why.clone());
+            if self.members.contains(&w) {
+                lost_member.get_or_insert(format!("worker {w} lost: {why}"));
+            }
+        }
+        // (Heartbeats to workers go from each worker's writer thread: a coordinator loop busy with
+        // storage never makes its workers think it is gone.)
+        lost_member.or_else(|| self.lost.take())
+    }
+
+    /// Wait for enough workers for the next generation.
+    fn gather(&mut self) -> Result<Vec<u32>, DeployError> {
+        let started = Instant::now();
+        let (all, min) = (self.cluster.workers, self.cluster.min_workers);
+        let mut last_log = Instant::now();
+        loop {
+            let mut answers = Vec::new();
+            self.pump_inbox(&mut answers);
+            let live = self.workers.len();
+            let waited = started.elapsed().as_millis() as u64;
+            if live >= all {
+                break;
+            }
+            if self.deployed_once && live >= min && waited >= self.cluster.replacement_wait_ms {
+                self.log(|| format!("running on {live} of {all} workers (no replacement within {waited} ms)"));
+                break;
+            }
+            if waited >= self.cluster.join_timeout_ms {
+                return Err(DeployError::Retry(format!(
+                    "only {live} of {all} workers joined within {} ms; start more workers (cutline worker --join ...)",
+                    self.cluster.join_timeout_ms
+                )));
+            }
+            if last_log.elapsed() > Duration::from_secs(5) {
+                last_log = Instant::now();
+                eprintln!("cutline: waiting for workers: {live} of {all} joined");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The lowest ids first, so that a full cluster places tasks the same way every time.
+        Ok(self.workers.keys().copied().take(all).collect())
+    }
+}
+
+impl Backend for ClusterBackend {
+    fn deploy(
+        &mut self,
+        graph: &JobGraph,
+        cfg: &RunConfig,
+        generation: Generation,
+        index: &RestoreIndex,
+        _restored: Option<CheckpointId>,
+        _started: Instant,
+        events: Sender<RtEvent>,
+    ) -> Result<Deployed, DeployError> {
+        let members = self.gather()?;
+        let (names, sources) = graph.task_names_and_sources();
+        // Placement: subtask i of every stage on member i mod n, so forward edges stay local.
+        let mut worker_of = Vec::with_capacity(names.len());
+        for st in graph.stages.iter() {
+            for sub in 0..st.parallelism {
+                worker_of.push(members[sub as usize % members.len()]);
+            }
+        }
+        let max_id = *self.workers.keys().max().unwrap_or(&0) as usize;
+        let mut peers = vec![String::new(); max_id + 1];
+        for w in &members {
+            peers[*w as usize] = self.workers[w].data_addr.clone();
+        }
+        self.members = members.clone();
+        self.source_workers = sources.iter().map(|t| worker_of[t.0 as usize]).collect();
+        self.source_workers.sort_unstable();
+        self.source_workers.dedup();
+        self.generation = Some(generation);
+        *self.events.lock().expect("event sink") = Some((generation, events));
+        let msg = DeployMsg {
+            generation,
+            now_ms: _started.elapsed().as_millis() as u64,
+            checkpoint: index.checkpoint.filter(|_| index.savepoint.is_none()),
+            savepoint: index.savepoint.as_ref().map(|p| p.display().to_string()),
+            skipped: index.skipped.clone(),
+            duplicates_allowed: index.duplicates_allowed,
+            worker_of,
+            peers,
+        };
+        let f = frame(&ToWorker::Deploy(msg));
+        for w in &members {
+            self.send(*w, f.clone());
+        }
+        self.log(|| format!("{generation}: deploying on workers {members:?}"));
+        self.deployed_once = true;
+        let deadline = Instant::now() + Duration::from_millis(self.cluster.deploy_timeout_ms);
+        let mut pending: Vec<u32> = members.clone();
+        let mut answers = Vec::new();
+        while !pending.is_empty() {
+            if let Some(lost) = self.pump_inbox(&mut answers) {
+                return Err(DeployError::Retry(lost));
+            }
+            for (w, a) in answers.drain(..) {
+                match a {
+                    ToCoordinator::Deployed { generation: g } if g == generation => pending.retain(|p| *p != w),
+                    ToCoordinator::DeployFailed { generation: g, reason, permanent } if g == generation => {
+                        let reason = format!("worker {w}: {reason}");
+                        return Err(if permanent {
+                            DeployError::Permanent(TaskError::State { uid: "(deploy)".into(), message: reason })
+                        } else {
+                            DeployError::Retry(reason)
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(DeployError::Retry(format!(
+                    "workers {pending:?} did not deploy within {} ms",
+                    self.cluster.deploy_timeout_ms
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let _ = cfg;
+        Ok(Deployed { tasks: (0..names.len() as u32).map(TaskId).collect(), sources, names })
+    }
+
+    fn send_all(&mut self, c: Control, sources_only: bool) {
+        let (Some(generation), Some(control)) = (self.generation, WireControl::from_control(&c)) else { return };
+        let f = frame(&ToWorker::Control { generation, control, sources_only });
+        let to = if sources_only { self.source_workers.clone() } else { self.members.clone() };
+        for w in to {
+            self.send(w, f.clone());
+        }
+    }
+
+    fn check(&mut self) -> Option<String> {
+        let mut answers = Vec::new();
+        self.pump_inbox(&mut answers)
+    }
+
+    fn task_reports(&self, names: &[String]) -> Vec<TaskReport> {
+        let reports = self.reports.lock().expect("reports");
+        names
+            .iter()
+            .enumerate()
+            .map(|(t, n)| match reports.get(&(t as u32)) {
+                Some(r) => TaskReport { name: n.clone(), ..r.clone() },
+                None => TaskReport { name: n.clone(), ..Default::default() },
+            })
+            .collect()
+    }
+
+    fn teardown(&mut self) {
+        let Some(generation) = self.generation.take() else { return };
+        *self.events.lock().expect("event sink") = None;
+        self.reports.lock().expect("reports").clear();
+        let f = frame(&ToWorker::Cancel { generation });
+        let members = std::mem::take(&mut self.members);
+        for w in &members {
+            self.send(*w, f.clone());
+        }
+        // Wait until every member stopped its tasks, so that no task of this generation runs (or
+        // commits) alongside the next one. A member that does not answer is dropped.
+        let deadline = Instant::now() + Duration::from_millis(self.cluster.heartbeat_timeout_ms);
+        let mut pending: Vec<u32> = members.into_iter().filter(|w| self.workers.contains_key(w)).collect();
+        let mut answers = Vec::new();
+        while !pending.is_empty() && Instant::now() < deadline {
+            self.pump_inbox(&mut answers);
+            for (w, a) in answers.drain(..) {
+                if matches!(a, ToCoordinator::Cancelled { generation: g } if g == generation) {
+                    pending.retain(|p| *p != w);
+                }
+            }
+            pending.retain(|w| self.workers.contains_key(w));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for w in pending {
+            self.drop_worker(w, format!("it did not stop the tasks of {generation}"));
+        }
+    }
+}
+
+impl ClusterBackend {
+    fn shutdown(&mut self, reason: &str) {
+        self.closing.store(true, Ordering::SeqCst);
+        let f = frame(&ToWorker::Shutdown { reason: reason.to_string() });
+        for w in self.workers.keys().copied().collect::<Vec<_>>() {
+            self.send(w, f.clone());
+        }
+        // Let the writers deliver it; workers exit when they read it.
+        std::thread::sleep(Duration::from_millis(100));
+        if let Some(addr) = self.listen_addr {
+            // Wake the acceptor so that it sees `closing` (0.0.0.0 is reached through loopback).
+            let addr = if addr.ip().is_unspecified() {
+                SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+            } else {
+                addr
+            };
+            let _ = TcpStream::connect_timeout(&addr, Duration::from_millis(100));
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! The worker side of a cluster: joining (and rejoining) a coordinator, the session loop that carries
+//! out the coordinator's messages and sends acknowledgements and heartbeats, and the acceptor of data
+//! links from other workers.
+
+use super::acks::TaskEvent;
+use super::admit::{HANDSHAKE_MAX_FRAME_BYTES, MAX_PENDING_HANDSHAKES};
+use super::proto::{
+    self, version, DataHello, DeployMsg, JobInfo, JoinHello, ToCoordinator, ToWorker, WelcomeHello, KIND_MESSAGE,
+};
+use super::wire::{self, Secret, WireError};
+use super::worker_deploy::{start_deploy, DeployCtx, Deploying, LocalGeneration};
+use crate::dataflow::JobGraph;
+use crate::runtime::run::{DeployError, RtEvent};
+use crate::runtime::start::host_name;
+use cutline_core::coordinator::Event;
+use cutline_core::Generation;
+use cutline_storage::CheckpointStore;
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a worker tries to reach its coordinator before it gives up.
+pub const DEFAULT_REJOIN_TIMEOUT_MS: u64 = 60_000;
+/// Pause between a worker's connection attempts.
+const REJOIN_BACKOFF_MS: u64 = 100;
+
+/// How a worker process joins a cluster.
+#[derive(Clone)]
+pub struct WorkerConfig {
+    /// The coordinator's address.
+    pub join: String,
+    pub secret: Vec<u8>,
+    /// Where this worker listens for other workers' data links ("0.0.0.0:0": any port).
+    pub listen: String,
+    /// The address other workers use to reach this one (default: the listening address; give the
+    /// host's address when listening on 0.0.0.0).
+    pub advertise: Option<String>,
+    /// How long the worker keeps trying to reach a coordinator that is gone before it exits.
+    pub rejoin_timeout_ms: u64,
+}
+
+impl WorkerConfig {
+    pub fn new(join: impl Into<String>, secret: Vec<u8>) -> WorkerConfig {
+        WorkerConfig {
+            join: join.into(),
+            secret,
+            listen: "127.0.0.1:0".into(),
+            advertise: None,
+            rejoin_timeout_ms: DEFAULT_REJOIN_TIMEOUT_MS,
+        }
+    }
+}
+
+/// Builds the job a coordinator names: from its arguments, the graph and the job's fingerprint.
+pub type JobBuilder = dyn Fn(&[String]) -> Result<(JobGraph, String), String>;
+/// Opens the checkpoint storage a coordinator names.
+pub type StoreOpener = dyn Fn(&str) -> Result<Arc<dyn CheckpointStore>, String>;
+
+/// Data links arriving from other workers, until the deployment they belong to takes them.
+pub(crate) type Inbound = Arc<(Mutex<HashMap<(Generation, u32, u32), TcpStream>>, Condvar)>;
+
+/// Run a worker until its coordinator says the job is over (Ok), or no coordinator can be reached
+/// for `rejoin_timeout_ms` (Err).
+pub fn run_worker(cfg: WorkerConfig, build: &JobBuilder, open_store: &StoreOpener) -> Result<(), String> {
+    let secret = Secret::new(cfg.secret.clone())?;
+    // A malformed address never gets better: refuse it now, not after the rejoin timeout.
+    match cfg.join.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {}
+        _ => return Err(format!("the coordinator address {:?} is not HOST:PORT (e.g. 10.0.0.1:7070)", cfg.join)),
+    }
+    let listener = TcpListener::bind(&cfg.listen)
+        .map_err(|e| format!("cannot listen for data links on {}: {e}; choose another --listen address", cfg.listen))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let data_addr = match &cfg.advertise {
+        Some(a) if a.contains(':') => a.clone(),
+        Some(host) => format!("{host}:{}", local.port()),
+        None => local.to_string(),
+    };
+    let inbound: Inbound = Default::default();
+    {
+        let (inbound, secret) = (inbound.clone(), secret.clone());
+        std::thread::Builder::new()
+            .name("cutline-data-accept".into())
+            .spawn(move || accept_links(listener, secret, inbound))
+            .map_err(|e| e.to_string())?;
+    }
+    let name = format!("{}/{}", host_name(), std::process::id());
+    let mut gone_since: Option<Instant> = None;
+    let mut job_cache: Option<(Vec<String>, JobGraph, String)> = None;
+    loop {
+        let stream = match connect(&cfg.join) {
+            Ok(s) => s,
+            Err(e) => {
+                let since = *gone_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_millis(cfg.rejoin_timeout_ms) {
+                    return Err(format!(
+                        "no coordinator at {} for {} ms (last error: {e}); giving up",
+                        cfg.join, cfg.rejoin_timeout_ms
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(REJOIN_BACKOFF_MS));
+                continue;
+            }
+        };
+        match session(stream, &secret, &name, &data_addr, &inbound, build, open_store, &mut job_cache) {
+            Ok(SessionEnd::Shutdown(reason)) => {
+                eprintln!("cutline: worker exits: {reason}");
+                return Ok(());
+            }
+            Ok(SessionEnd::Lost(why)) => {
+                eprintln!("cutline: worker lost its coordinator ({why}); its tasks stopped, joining again");
+                gone_since = Some(Instant::now());
+            }
+            Err(e) => {
+                eprintln!("cutline: worker: {e}");
+                let since = *gone_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > Duration::from_millis(cfg.rejoin_timeout_ms) {
+                    return Err(e);
+                }
+                std::thread::sleep(Duration::from_millis(REJOIN_BACKOFF_MS * 5));
+            }
+        }
+    }
+}
+
+/// How long one attempt to reach the coordinator may take (a cut-off network drops packets silently).
+const CONNECT_TIMEOUT_MS: u64 = 2_000;
+
+pub(crate) fn connect(addr: &str) -> std::io::Result<TcpStream> {
+    use std::net::ToSocketAddrs;
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, format!("{addr} resolves to no address"));
+    for a in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&a, Duration::from_millis(CONNECT_TIMEOUT_MS)) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+fn accept_links(listener: TcpListener, secret: Secret, inbound: Inbound) {
+    let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+        if pending.fetch_add(1, Ordering::SeqCst) >= MAX_PENDING_HANDSHAKES {
+            pending.fetch_sub(1, Ordering::SeqCst);
+            eprintln!("cutline: refused a data connection from {peer}: too many handshakes in progress");
+            continue;
+        }
+        let (inbound, secret, pending) = (inbound.clone(), secret.clone(), pending.clone());
+        // Handshakes run on their own thread: a slow or hostile peer cannot hold up the others.
+        let _ = std::thread::Builder::new().name("cutline-data-handshake".into()).spawn(move || {
+            let hello = wire::handshake_server(&mut stream, &secret, b"", HANDSHAKE_MAX_FRAME_BYTES)
+                .and_then(|h| proto::decode::<DataHello>(&h));
+            pending.fetch_sub(1, Ordering::SeqCst);
+            let hello = match hello {
+                Ok(h) => h,
+                Err(e) => {
+                    eprintln!("cutline: refused a data connection from {peer}: {e}");
+                    return;
+                }
+            };
+            // Keyed by its addressee too: the deployment takes only links addressed to this worker's
+            // id under its current coordinator (a link for a stale address is never used).
+            let (map, cv) = &*inbound;
+            let mut m = map.lock().expect("inbound links");
+            // Links of generations older than this one will never be taken.
+            m.retain(|(g, _, _), _| *g >= hello.generation);
+            m.insert((hello.generation, hello.from, hello.to), stream);
+            cv.notify_all();
+        });
+    }
+}
+
+enum SessionEnd {
+    Shutdown(String),
+    Lost(String),
+}
+
+enum FromCoordinator {
+    Msg(ToWorker),
+    Gone(String),
+}
+
+#[allow(clippy::too_many_arguments)]
+fn session(
+    mut stream: TcpStream,
+    secret: &Secret,
+    name: &str,
+    data_addr: &str,
+    inbound: &Inbound,
+    build: &JobBuilder,
+    open_store: &StoreOpener,
+    job_cache: &mut Option<(Vec<String>, JobGraph, String)>,
+) -> Result<SessionEnd, String> {
+    let hello =
+        proto::encode(&JoinHello { version: version(), name: name.to_string(), data_addr: data_addr.to_string() });
+    let welcome = wire::handshake_client(&mut stream, secret, &hello, wire::DEFAULT_MAX_FRAME_BYTES)
+        .and_then(|h| proto::decode::<WelcomeHello>(&h))
+        .map_err(|e| format!("joining the coordinator failed: {e}"))?;
+    if welcome.version != version() {
+        return Err(format!(
+            "the coordinator runs cutline {}, this worker {}; run the same version everywhere",
+            welcome.version,
+            version()
+        ));
+    }
+    let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
+    let mut buf = Vec::new();
+    let (me, JobInfo { args, fingerprint, state, settings }) =
+        match proto::read_message::<ToWorker>(&mut reader, wire::DEFAULT_MAX_FRAME_BYTES, &mut buf) {
+            Ok(ToWorker::Job { worker, job }) => (worker, job),
+            Ok(other) => return Err(format!("expected the job from the coordinator, got {other:?}")),
+            Err(e) => return Err(format!("reading the job from the coordinator: {e}")),
+        };
+    // Alive from now on, also while the job is built and the store opened below.
+    {
+        let mut w = &stream;
+        let _ =
+            wire::write_frame(&mut w, KIND_MESSAGE, &proto::encode(&ToCoordinator::Heartbeat { tasks: Vec::new() }));
+    }
+    if job_cache.as_ref().is_none_or(|(a, _, _)| *a != args) {
+        let (graph, fp) = build(&args).map_err(|e| format!("cannot build the job {args:?}: {e}"))?;
+        *job_cache = Some((args.clone(), graph, fp));
+    }
+    let (_, graph, fp) = job_cache.as_ref().expect("built");
+    if *fp != fingerprint {
+        return Err(format!(
+            "this worker builds job {fp:?} from {args:?}, the coordinator runs {fingerprint:?}: run the same binary everywhere"
+        ));
+    }
+    let store = open_store(&state).map_err(|e| format!("cannot open the checkpoint storage {state}: {e}"))?;
+    eprintln!(
+        "cutline: worker {me} joined the coordinator at {}",
+        stream.peer_addr().map(|a| a.to_string()).unwrap_or_default()
+    );
+
+    let (ctl_tx, ctl_rx) = crossbeam_channel::unbounded::<FromCoordinator>();
+    let max_frame = settings.max_frame_bytes;
+    std::thread::Builder::new()
+        .name("cutline-from-coordinator".into())
+        .spawn(move || {
+            let mut buf = Vec::new();
+            loop {
+                match proto::read_message::<ToWorker>(&mut reader, max_frame, &mut buf) {
+                    Ok(m) => {
+                        if ctl_tx.send(FromCoordinator::Msg(m)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        let why = if e.is_closed() { "the connection closed".to_string() } else { e.to_string() };
+                        let _ = ctl_tx.send(FromCoordinator::Gone(why));
+                        return;
+                    }
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    let mut out = BufWriter::new(stream.try_clone().map_err(|e| e.to_string())?);
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(settings.heartbeat_timeout_ms)));
+    let send = |out: &mut BufWriter<TcpStream>, m: &ToCoordinator| -> Result<(), String> {
+        let payload = proto::encode(m);
+        wire::write_frame(out, KIND_MESSAGE, &payload)
+            .and_then(|()| out.flush().map_err(WireError::Io))
+            .map_err(|e| e.to_string())
+    };
+    let clock = Instant::now();
+    let mut last_heard = Instant::now();
+    let mut last_beat = Instant::now();
+    let mut current: Option<LocalGeneration> = None;
+    let ctx = DeployCtx {
+        graph: graph.clone(),
+        fingerprint: fp.clone(),
+        store: store.clone(),
+        settings: settings.clone(),
+        me,
+        inbound: inbound.clone(),
+        secret: secret.clone(),
+    };
+    let mut deploying: Option<Deploying> = None;
+    let mut queued: Option<DeployMsg> = None;
+    let mut cancel_after_deploy: Option<Generation> = None;
+    let end = loop {
+        let tick = Duration::from_millis(5);
+        let never = crossbeam_channel::never();
+        let ev_rx = current.as_ref().and_then(|g| g.events.as_ref()).unwrap_or(&never);
+        let never_deploy = crossbeam_channel::never();
+        let deploy_rx = deploying.as_ref().map(|(_, _, rx)| rx).unwrap_or(&never_deploy);
+        let mut to_send: Vec<TaskEvent> = Vec::new();
+        crossbeam_channel::select! {
+            recv(ctl_rx) -> m => match m {
+                Ok(FromCoordinator::Msg(m)) => {
+                    last_heard = Instant::now();
+                    match m {
+                        ToWorker::Heartbeat => {}
+                        ToWorker::Job { .. } => break SessionEnd::Lost("the coordinator sent the job twice".into()),
+                        ToWorker::Deploy(d) => {
+                            if let Some(g) = current.take() {
+                                g.teardown();
+                            }
+                            // Deploying (restoring state, waiting for peers' links) may take longer
+                            // than the heartbeat timeout: it runs on its own thread while this loop
+                            // keeps heartbeats and messages moving. A newer deploy waits its turn.
+                            if deploying.is_some() {
+                                if let Some((_, abort, _)) = &deploying {
+                                    abort.store(true, Ordering::SeqCst);
+                                }
+                                queued = Some(d);
+                            } else {
+                                deploying = Some(start_deploy(&ctx, d, Instant::now()));
+                            }
+                        }
+                        ToWorker::Control { generation, control, sources_only } => {
+                            if let Some(g) = current.as_ref().filter(|g| g.generation == generation) {
+                                g.threads.send_all(control.into_control(), sources_only);
+                            }
+                        }
+                        ToWorker::Cancel { generation } => {
+                            if let Some(g) = current.take_if(|g| g.generation <= generation) {
+                                g.teardown();
+                            }
+                            if queued.as_ref().is_some_and(|d| d.generation <= generation) {
+                                queued = None;
+                            }
+                            match &deploying {
+                                // Answered once the deployment in progress is undone.
+                                Some((g, abort, _)) if *g <= generation => {
+                                    abort.store(true, Ordering::SeqCst);
+                                    cancel_after_deploy = Some(generation);
+                                }
+                                _ => {
+                                    if let Err(e) = send(&mut out, &ToCoordinator::Cancelled { generation }) {
+                                        break SessionEnd::Lost(e);
+                                    }
+                                }
+                            }
+                        }
+                        ToWorker::Shutdown { reason } => break SessionEnd::Shutdown(reason),
+                    }
+                }
+                Ok(FromCoordinator::Gone(why)) => break SessionEnd::Lost(why),
+                Err(_) => break SessionEnd::Lost("the reader stopped".into()),
+            },
+            recv(deploy_rx) -> r => {
+                let (generation, _, _) = deploying.take().expect("a deployment in progress");
+                let r = r.unwrap_or_else(|_| Err(DeployError::Retry("the deployment thread died".into())));
+                let mut answer = None;
+                if let Some(cancelled) = cancel_after_deploy.take() {
+                    if let Ok(g) = r {
+                        g.teardown();
+                    }
+                    answer = Some(ToCoordinator::Cancelled { generation: cancelled });
+                } else if queued.is_some() {
+                    if let Ok(g) = r {
+                        g.teardown();
+                    }
+                } else {
+                    answer = Some(match r {
+                        Ok(g) => {
+                            current = Some(g);
+                            ToCoordinator::Deployed { generation }
+                        }
+                        Err(DeployError::Permanent(e)) => ToCoordinator::DeployFailed { generation, reason: e.to_string(), permanent: true },
+                        Err(DeployError::Retry(reason)) => ToCoordinator::DeployFailed { generation, reason, permanent: false },
+                    });
+                }
+                if let Some(d) = queued.take() {
+                    deploying = Some(start_deploy(&ctx, d, Instant::now()));
+                }
+                if let Some(a) = answer {
+                    if let Err(e) = send(&mut out, &a) {
+                        break SessionEnd::Lost(e);
+                    }
+                }
+            },
+            recv(ev_rx) -> ev => if let (Err(_), Some(g)) = (&ev, current.as_mut()) {
+                // Every task and writer of the generation is gone: nothing more will come (and a
+                // disconnected channel is always ready, so stop selecting on it).
+                g.events = None;
+            } else if let (Ok(ev), Some(g)) = (ev, current.as_mut()) {
+                let now = clock.elapsed().as_millis() as u64;
+                let ev = match ev {
+                    RtEvent::Coord(e) => e,
+                    RtEvent::Failed { generation, task, error } => Event::TaskFailed { generation, task, reason: error },
+                    RtEvent::Batch(_) => unreachable!("only the coordinator's readers batch events"),
+                };
+                g.acks.on_event(now, ev, &mut to_send);
+            },
+            default(tick) => {}
+        }
+        if let Some(g) = current.as_mut() {
+            g.acks.on_tick(clock.elapsed().as_millis() as u64, &mut to_send);
+        }
+        if !to_send.is_empty() {
+            if let Err(e) = send(&mut out, &ToCoordinator::Events(to_send)) {
+                break SessionEnd::Lost(e);
+            }
+        }
+        if last_beat.elapsed() >= Duration::from_millis(settings.heartbeat_interval_ms) {
+            last_beat = Instant::now();
+            let tasks = current.as_ref().map(|g| g.reports()).unwrap_or_default();
+            if let Err(e) = send(&mut out, &ToCoordinator::Heartbeat { tasks }) {
+                break SessionEnd::Lost(e);
+            }
+        }
+        if last_heard.elapsed() > Duration::from_millis(settings.heartbeat_timeout_ms) {
+            break SessionEnd::Lost(format!("no heartbeat for more than {} ms", settings.heartbeat_timeout_ms));
+        }
+    };
+    // Whatever ended the session, no task of it runs on: a new coordinator restores from storage.
+    if let Some(g) = current.take() {
+        g.teardown();
+    }
+    if let Some((_, abort, rx)) = deploying.take() {
+        abort.store(true, Ordering::SeqCst);
+        if let Ok(Ok(g)) = rx.recv() {
+            g.teardown();
+        }
+    }
+    let _ = stream.shutdown(Shutdown::Both);
+    Ok(end)
+}

@@ -1,0 +1,247 @@
+//! Deploying this worker's part of a generation on a thread of its own: restore state from storage,
+//! open the data links to and from the other workers, start the tasks; and tearing it down.
+
+use super::acks::{AckAggregator, DEFAULT_MAX_ACK_HOLD_MS};
+use super::coordinator::DEFAULT_DEPLOY_TIMEOUT_MS;
+use super::data::{start_receiver, start_sender, Link};
+use super::proto::{self, DataHello, DeployMsg, WorkerSettings};
+use super::wire::{self, Secret};
+use super::worker::{connect, Inbound};
+use crate::channel::{ChannelProbe, Waker};
+use crate::dataflow::JobGraph;
+use crate::error::TaskError;
+use crate::fault::Faults;
+use crate::runtime::deploy::{deploy_placed, DeployOptions, Placement};
+use crate::runtime::local::{spawn_tasks, task_report, GenerationThreads};
+use crate::runtime::run::{DeployError, RtEvent};
+use crate::runtime::start::{job_id, load_checkpoint};
+use crate::runtime::{RunError, TaskReport};
+use crate::state::RestoreIndex;
+use crossbeam_channel::Receiver;
+use cutline_core::{Generation, TaskId};
+use cutline_storage::CheckpointStore;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A generation running on this worker.
+pub(crate) struct LocalGeneration {
+    pub generation: Generation,
+    pub threads: GenerationThreads,
+    /// Links: dropped after the tasks (see `teardown`).
+    links: Vec<Link>,
+    /// The tasks' and writers' events; `None` once all of them are gone.
+    pub events: Option<Receiver<RtEvent>>,
+    pub acks: AckAggregator,
+    /// Per local task: id, name, flow-control counters and input probes (for heartbeats).
+    metrics: Vec<(TaskId, String, Arc<crate::runtime::report::TaskMetrics>, Vec<ChannelProbe>)>,
+}
+
+impl LocalGeneration {
+    pub fn reports(&self) -> Vec<(u32, TaskReport)> {
+        self.metrics.iter().map(|(t, name, m, p)| (t.0, task_report(name, m, p))).collect()
+    }
+}
+
+impl LocalGeneration {
+    /// Tasks first (they may be pushing into the links), then the links.
+    pub fn teardown(mut self) {
+        drop(std::mem::take(&mut self.threads));
+        self.links.clear();
+    }
+}
+
+/// What a deployment thread needs.
+pub(crate) struct DeployCtx {
+    pub(crate) graph: JobGraph,
+    pub(crate) fingerprint: String,
+    pub(crate) store: Arc<dyn CheckpointStore>,
+    pub(crate) settings: WorkerSettings,
+    pub(crate) me: u32,
+    pub(crate) inbound: Inbound,
+    pub(crate) secret: Secret,
+}
+
+/// A deployment in progress: its generation, its abort flag, and where its result arrives.
+pub(crate) type Deploying = (Generation, Arc<AtomicBool>, Receiver<Result<LocalGeneration, DeployError>>);
+
+/// Start deploying `d`, which arrived at `received` (the task clocks are aligned to that moment).
+pub(crate) fn start_deploy(ctx: &DeployCtx, d: DeployMsg, received: Instant) -> Deploying {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let abort = Arc::new(AtomicBool::new(false));
+    let generation = d.generation;
+    let c = DeployCtx {
+        graph: ctx.graph.clone(),
+        fingerprint: ctx.fingerprint.clone(),
+        store: ctx.store.clone(),
+        settings: ctx.settings.clone(),
+        me: ctx.me,
+        inbound: ctx.inbound.clone(),
+        secret: ctx.secret.clone(),
+    };
+    let a = abort.clone();
+    let spawned = std::thread::Builder::new().name("cutline-deploy".into()).spawn(move || {
+        let r =
+            deploy_here(&c.graph, &c.fingerprint, &c.store, &c.settings, c.me, d, &c.inbound, &c.secret, &a, received);
+        let _ = tx.send(r);
+    });
+    if let Err(e) = spawned {
+        let (tx, rx2) = crossbeam_channel::bounded(1);
+        let _ = tx.send(Err(DeployError::Retry(format!("cannot start a thread: {e}"))));
+        return (generation, abort, rx2);
+    }
+    (generation, abort, rx)
+}
+
+/// Deploy this worker's part of a generation: restore state, open the data links, start the tasks.
+#[allow(clippy::too_many_arguments)]
+fn deploy_here(
+    graph: &JobGraph,
+    fingerprint: &str,
+    store: &Arc<dyn CheckpointStore>,
+    settings: &WorkerSettings,
+    me: u32,
+    d: DeployMsg,
+    inbound: &Inbound,
+    secret_for_links: &Secret,
+    abort: &AtomicBool,
+    received: Instant,
+) -> Result<LocalGeneration, DeployError> {
+    let called_off = || {
+        if abort.load(Ordering::SeqCst) {
+            Err(DeployError::Retry("the deployment was called off".into()))
+        } else {
+            Ok(())
+        }
+    };
+    let generation = d.generation;
+    let mut index = match (&d.savepoint, d.checkpoint) {
+        (Some(path), _) => {
+            let sp = crate::runtime::open_savepoint(std::path::Path::new(path)).map_err(DeployError::Retry)?;
+            let (mut index, _) = load_checkpoint(&sp.store, graph, fingerprint, sp.checkpoint).map_err(restore_err)?;
+            index.savepoint = Some(path.into());
+            index
+        }
+        (None, Some(c)) => load_checkpoint(&**store, graph, fingerprint, c).map_err(restore_err)?.0,
+        (None, None) => RestoreIndex::default(),
+    };
+    index.skipped = d.skipped.clone();
+    index.duplicates_allowed = d.duplicates_allowed;
+    let opts = DeployOptions {
+        restore: &index,
+        faults: Faults::none(),
+        incarnation_base: generation.0 << 32,
+        job_id: job_id(fingerprint),
+        batch_size: settings.batch_size as usize,
+        channel_capacity: settings.channel_capacity as usize,
+        max_channel_state_bytes: settings.max_channel_state_bytes,
+    };
+    let peer_wakers: Vec<Arc<Waker>> = (0..d.peers.len()).map(|_| Waker::new()).collect();
+    let placement = Placement { worker_of: d.worker_of.clone(), me, peer_wakers: peer_wakers.clone() };
+    let placed = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        deploy_placed(graph, &opts, Some(&placement))
+    })) {
+        Ok(Ok(p)) => p,
+        Ok(Err(e @ TaskError::State { .. })) => return Err(DeployError::Permanent(e)),
+        Ok(Err(e)) => return Err(DeployError::Retry(e.to_string())),
+        Err(_) => return Err(DeployError::Retry("deploying panicked".into())),
+    };
+    drop(index);
+    // Outbound links: one per peer that runs downstream tasks of ours.
+    called_off()?;
+    let mut outs_by_peer: BTreeMap<u32, Vec<_>> = BTreeMap::new();
+    for (_, peer, pump) in placed.outs {
+        outs_by_peer.entry(peer).or_default().push(pump);
+    }
+    let mut ins_by_peer: BTreeMap<u32, Vec<_>> = BTreeMap::new();
+    for (_, peer, pump) in placed.ins {
+        ins_by_peer.entry(peer).or_default().push(pump);
+    }
+    let capacity = settings.channel_capacity as usize;
+    let max_frame = settings.max_frame_bytes;
+    let mut links = Vec::new();
+    for (peer, pumps) in outs_by_peer {
+        let addr = &d.peers[peer as usize];
+        let mut s =
+            connect(addr).map_err(|e| DeployError::Retry(format!("cannot reach worker {peer} at {addr}: {e}")))?;
+        let hello = proto::encode(&DataHello { generation, from: me, to: peer });
+        wire::handshake_client(&mut s, secret_for_links, &hello, max_frame)
+            .map_err(|e| DeployError::Retry(format!("data link to worker {peer} at {addr}: {e}")))?;
+        let name = format!("data link {generation} worker {me} -> {peer}");
+        links.push(
+            start_sender(s, name, pumps, capacity, peer_wakers[peer as usize].clone(), max_frame)
+                .map_err(|e| DeployError::Retry(e.to_string()))?,
+        );
+    }
+    // Inbound links: wait for every peer that runs upstream tasks of ours.
+    let deadline = Instant::now() + Duration::from_millis(DEFAULT_DEPLOY_TIMEOUT_MS / 2);
+    for (peer, pumps) in ins_by_peer {
+        called_off()?;
+        let (map, cv) = &**inbound;
+        let mut m = map.lock().expect("inbound links");
+        let s = loop {
+            if let Some(s) = m.remove(&(generation, peer, me)) {
+                break s;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(DeployError::Retry(format!("worker {peer} did not open its data link to worker {me}")));
+            }
+            called_off()?;
+            m = cv.wait_timeout(m, left.min(Duration::from_millis(50))).expect("inbound links").0;
+        };
+        drop(m);
+        let name = format!("data link {generation} worker {peer} -> {me}");
+        links.push(
+            start_receiver(s, name, pumps, capacity, peer_wakers[peer as usize].clone(), max_frame)
+                .map_err(|e| DeployError::Retry(e.to_string()))?,
+        );
+    }
+    let local_tasks: Vec<TaskId> = placed.tasks.iter().map(|t| t.task.id).collect();
+    let names: Vec<String> = placed.tasks.iter().map(|t| t.task.name.clone()).collect();
+    let (ev_tx, ev_rx) = crossbeam_channel::unbounded();
+    let mut threads = GenerationThreads::default();
+    // Task clocks follow the coordinator's (see `DeployMsg::now_ms`).
+    let start = received.checked_sub(Duration::from_millis(d.now_ms)).unwrap_or(received);
+    // Called off while restoring or connecting: start nothing (a stale worker's sinks must not run
+    // their recovery next to a newer generation's).
+    called_off()?;
+    let spawned = spawn_tasks(
+        &mut threads,
+        graph,
+        settings.snapshot_writers as usize,
+        store,
+        &Faults::none(),
+        placed.tasks,
+        generation,
+        start,
+        ev_tx,
+    )
+    .map_err(|e| DeployError::Retry(e.to_string()))?;
+    let metrics = local_tasks.iter().zip(names).zip(spawned).map(|((t, n), (m, p))| (*t, n, m, p)).collect();
+    if settings.verbose {
+        eprintln!(
+            "cutline: worker {me}: {generation} runs {} task(s), {} data link(s)",
+            local_tasks.len(),
+            links.len()
+        );
+    }
+    Ok(LocalGeneration {
+        generation,
+        threads,
+        links,
+        events: Some(ev_rx),
+        acks: AckAggregator::new(generation, local_tasks, DEFAULT_MAX_ACK_HOLD_MS),
+        metrics,
+    })
+}
+
+fn restore_err(e: RunError) -> DeployError {
+    match e {
+        e @ (RunError::Restore { .. } | RunError::WrongJob { .. }) => {
+            DeployError::Permanent(TaskError::State { uid: "(restore)".into(), message: e.to_string() })
+        }
+        e => DeployError::Retry(e.to_string()),
+    }
+}

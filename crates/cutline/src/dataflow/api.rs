@@ -1,0 +1,519 @@
+//! The dataflow API: [`Job`], [`Stream`], [`KeyedStream`] and their operators.
+//!
+//! Building a job only records stages and edges with their factories; nothing runs until the job is
+//! handed to a runtime. Stateless operators (`map`, `filter`, `flat_map`) are fused into the stage that
+//! produces their input; `key_by` + a keyed operator, `rebalance`, `broadcast` and a sink with its own
+//! parallelism start a new stage behind an edge.
+
+use super::body::{InputBody, SourceBody, TaskBody};
+use super::emit::{Emit, FilterEmit, FlatMapEmit, Identity, MapEmit};
+use super::graph::{channel_factory, EdgeKind, EdgeSpec, JobGraph, StageCtx, StageFactory, StageSpec};
+use super::keyed::{KeyedFn, KeyedProcessOp, Output};
+use super::router::{Partitioner, Router};
+use super::sink_op::SinkEmit;
+use crate::channel::Data;
+use crate::connectors::{Sink, SinkContext, Source};
+use crate::error::TaskError;
+use crate::state::{stable_hash, Key, StateValue};
+use cutline_core::{KeyGroupRange, DEFAULT_MAX_PARALLELISM};
+use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// Either of two record types: the input of a two-input operator (see [`Stream::connect`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Either<A, B> {
+    Left(A),
+    Right(B),
+}
+
+/// A job under construction. Cheap to clone (all clones build the same job).
+#[derive(Clone)]
+pub struct Job {
+    inner: Rc<RefCell<Builder>>,
+}
+
+struct Builder {
+    name: String,
+    parallelism: u32,
+    max_parallelism: u32,
+    stages: Vec<StageSpec>,
+    edges: Vec<EdgeSpec>,
+    errors: Vec<String>,
+}
+
+/// Errors found when a job is built.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid job {job}: {}", problems.join("; "))]
+pub struct GraphError {
+    pub job: String,
+    pub problems: Vec<String>,
+}
+
+type ChainFn<T> =
+    Arc<dyn Fn(&mut StageCtx<'_>, Box<dyn Emit<T>>) -> Result<Box<dyn TaskBody>, TaskError> + Send + Sync>;
+
+struct Part<T> {
+    stage: usize,
+    chain: ChainFn<T>,
+}
+
+impl<T> Clone for Part<T> {
+    fn clone(&self) -> Self {
+        Part { stage: self.stage, chain: self.chain.clone() }
+    }
+}
+
+/// A stream of records of type `T`: the open end of one or more stages.
+pub struct Stream<T> {
+    job: Job,
+    parts: Vec<Part<T>>,
+}
+
+/// A stream partitioned by key: the input of keyed stateful operators.
+pub struct KeyedStream<K, T> {
+    stream: Stream<T>,
+    key: Arc<dyn Fn(&T) -> K + Send + Sync>,
+    parallelism: Option<u32>,
+}
+
+/// Two streams to be processed together by one two-input operator.
+pub struct ConnectedStreams<A, B> {
+    left: Stream<A>,
+    right: Stream<B>,
+}
+
+fn valid_uid(uid: &str) -> bool {
+    !uid.is_empty()
+        && uid.len() <= 128
+        && uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+}
+
+impl Job {
+    /// A new job. Default parallelism 1, maximum parallelism (number of key groups) 128.
+    pub fn new(name: impl Into<String>) -> Job {
+        Job {
+            inner: Rc::new(RefCell::new(Builder {
+                name: name.into(),
+                parallelism: 1,
+                max_parallelism: DEFAULT_MAX_PARALLELISM,
+                stages: Vec::new(),
+                edges: Vec::new(),
+                errors: Vec::new(),
+            })),
+        }
+    }
+
+    /// Parallelism of stages that do not set their own.
+    pub fn set_parallelism(&self, p: u32) -> &Job {
+        let mut b = self.inner.borrow_mut();
+        if p == 0 {
+            b.errors.push("parallelism must be at least 1".into());
+        }
+        b.parallelism = p.max(1);
+        self
+    }
+
+    /// Number of key groups; the upper bound of any keyed stage's parallelism. Fixed for the life of
+    /// the job's checkpoints.
+    pub fn set_max_parallelism(&self, m: u32) -> &Job {
+        let mut b = self.inner.borrow_mut();
+        if m == 0 || m > 32_768 {
+            b.errors.push(format!("max parallelism {m} outside 1..=32768"));
+        }
+        b.max_parallelism = m.clamp(1, 32_768);
+        self
+    }
+
+    fn add_stage(&self, uid: String, parallelism: u32, state_uids: Vec<String>) -> usize {
+        let mut b = self.inner.borrow_mut();
+        if !valid_uid(&uid) {
+            b.errors.push(format!("id {uid:?} must be 1-128 characters of [A-Za-z0-9_.-]"));
+        }
+        if parallelism == 0 {
+            b.errors.push(format!("{uid}: parallelism must be at least 1"));
+        }
+        for u in &state_uids {
+            if !valid_uid(u) {
+                b.errors.push(format!("id {u:?} must be 1-128 characters of [A-Za-z0-9_.-]"));
+            }
+            if b.stages.iter().any(|s| s.state_uids.contains(u)) {
+                b.errors.push(format!(
+                    "two operators share the id {u:?}: ids must be unique, they name state in checkpoints"
+                ));
+            }
+        }
+        if b.stages.iter().any(|s| s.uid == uid) {
+            b.errors.push(format!("two stages share the id {uid:?}"));
+        }
+        b.stages.push(StageSpec {
+            uid,
+            parallelism: parallelism.max(1),
+            state_uids,
+            inputs: vec![],
+            output: None,
+            factory: None,
+        });
+        b.stages.len() - 1
+    }
+
+    fn default_parallelism(&self) -> u32 {
+        self.inner.borrow().parallelism
+    }
+
+    /// A source with the job's default parallelism. `uid` names its offsets in checkpoints.
+    pub fn source<S: Source + Clone>(&self, uid: &str, source: S) -> Stream<S::Item> {
+        let p = self.default_parallelism();
+        self.source_with_parallelism(uid, p, source)
+    }
+
+    /// A source with its own parallelism.
+    pub fn source_with_parallelism<S: Source + Clone>(
+        &self,
+        uid: &str,
+        parallelism: u32,
+        source: S,
+    ) -> Stream<S::Item> {
+        let stage = self.add_stage(uid.to_string(), parallelism, vec![uid.to_string()]);
+        let uid = uid.to_string();
+        // A prototype each task clones (behind a mutex so that sources need not be `Sync`).
+        let proto = std::sync::Mutex::new(source);
+        let chain: ChainFn<S::Item> = Arc::new(move |ctx, tail| {
+            let mut s = proto.lock().expect("source prototype").clone();
+            let restored = match ctx.restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
+                Some(bytes) => Some(postcard::from_bytes::<S::Offset>(bytes).map_err(|e| TaskError::State {
+                    uid: uid.clone(),
+                    message: format!("decoding source offset: {e}"),
+                })?),
+                None => None,
+            };
+            s.open(ctx.subtask, ctx.parallelism, restored)
+                .map_err(|m| TaskError::Source { uid: uid.clone(), message: m })?;
+            Ok(Box::new(SourceBody {
+                uid: uid.clone(),
+                source: s,
+                chain: tail,
+                buf: Vec::with_capacity(ctx.batch_size),
+                batch_size: ctx.batch_size,
+            }) as Box<dyn TaskBody>)
+        });
+        Stream { job: self.clone(), parts: vec![Part { stage, chain }] }
+    }
+
+    /// Validate and freeze the graph.
+    pub fn build(self) -> Result<JobGraph, GraphError> {
+        let b = Rc::try_unwrap(self.inner).map_err(|_| GraphError {
+            job: "?".into(),
+            problems: vec![
+                "a Stream of this job is still alive: consume every stream (with a sink) before build()".into()
+            ],
+        })?;
+        let b = b.into_inner();
+        let mut problems = b.errors;
+        if b.stages.is_empty() {
+            problems.push("the job has no stages".into());
+        }
+        for s in &b.stages {
+            if s.factory.is_none() {
+                problems.push(format!("the stream of {} is never consumed: end it with a sink", s.uid));
+            }
+        }
+        let mut seen = HashMap::new();
+        for s in &b.stages {
+            if s.parallelism > b.max_parallelism
+                && (!s.inputs.is_empty() && b.edges[s.inputs[0]].kind == EdgeKind::Hash)
+            {
+                problems.push(format!(
+                    "{}: parallelism {} above max parallelism {}",
+                    s.uid, s.parallelism, b.max_parallelism
+                ));
+            }
+            *seen.entry(&s.uid).or_insert(0) += 1;
+        }
+        if !problems.is_empty() {
+            return Err(GraphError { job: b.name, problems });
+        }
+        Ok(JobGraph {
+            name: b.name,
+            max_parallelism: b.max_parallelism,
+            stages: Arc::new(b.stages),
+            edges: Arc::new(b.edges),
+        })
+    }
+}
+
+impl<T: Send + 'static> Stream<T> {
+    fn map_parts<U: Send + 'static>(
+        self,
+        wrap: impl Fn(Box<dyn Emit<U>>) -> Box<dyn Emit<T>> + Send + Sync + 'static,
+    ) -> Stream<U> {
+        let wrap = Arc::new(wrap);
+        let parts = self
+            .parts
+            .into_iter()
+            .map(|p| {
+                let prev = p.chain.clone();
+                let wrap = wrap.clone();
+                let chain: ChainFn<U> = Arc::new(move |ctx, tail| prev(ctx, wrap(tail)));
+                Part { stage: p.stage, chain }
+            })
+            .collect();
+        Stream { job: self.job, parts }
+    }
+
+    /// Transform every record (fused into the producing stage).
+    pub fn map<U: Send + 'static>(self, f: impl Fn(T) -> U + Send + Sync + 'static) -> Stream<U> {
+        let f: Arc<dyn Fn(T) -> U + Send + Sync> = Arc::new(f);
+        self.map_parts(move |next| Box::new(MapEmit { f: f.clone(), next }))
+    }
+
+    /// Keep the records for which `f` is true.
+    pub fn filter(self, f: impl Fn(&T) -> bool + Send + Sync + 'static) -> Stream<T> {
+        let f: Arc<dyn Fn(&T) -> bool + Send + Sync> = Arc::new(f);
+        self.map_parts(move |next| Box::new(FilterEmit { f: f.clone(), next }))
+    }
+
+    /// Zero or more records per record: `f` pushes them into the vector it is given.
+    pub fn flat_map<U: Send + 'static>(self, f: impl Fn(T, &mut Vec<U>) + Send + Sync + 'static) -> Stream<U> {
+        let f: super::emit::FlatMapFn<T, U> = Arc::new(f);
+        self.map_parts(move |next| Box::new(FlatMapEmit { f: f.clone(), buf: Vec::new(), next }))
+    }
+
+    /// Both streams' records as one stream (no extra stage: the next edge reads from both).
+    pub fn union(mut self, other: Stream<T>) -> Stream<T> {
+        assert!(Rc::ptr_eq(&self.job.inner, &other.job.inner), "union of streams of different jobs");
+        self.parts.extend(other.parts);
+        self
+    }
+
+    /// Process this stream and `other` together in one two-input operator.
+    pub fn connect<B: Send + 'static>(self, other: Stream<B>) -> ConnectedStreams<T, B> {
+        ConnectedStreams { left: self, right: other }
+    }
+
+    /// Partition by key: every record with the same key goes to the same subtask.
+    pub fn key_by<K: Key>(self, key: impl Fn(&T) -> K + Send + Sync + 'static) -> KeyedStream<K, T> {
+        KeyedStream { stream: self, key: Arc::new(key), parallelism: None }
+    }
+}
+
+impl<T: Data> Stream<T> {
+    /// Close every part into an edge to `to`; each part's router is made by `part_fn`.
+    fn close_into(self, to: usize, kind: EdgeKind, part_fn: Arc<dyn Fn() -> Partitioner<T> + Send + Sync>) -> Job {
+        let job = self.job.clone();
+        for p in self.parts {
+            let mut b = job.inner.borrow_mut();
+            let edge = b.edges.len();
+            b.edges.push(EdgeSpec { from: p.stage, to, kind, channels: channel_factory::<T>() });
+            b.stages[to].inputs.push(edge);
+            assert!(b.stages[p.stage].output.is_none(), "stage {} consumed twice", b.stages[p.stage].uid);
+            b.stages[p.stage].output = Some(edge);
+            let chain = p.chain.clone();
+            let part_fn = part_fn.clone();
+            let factory: StageFactory = Arc::new(move |ctx| {
+                let outs = ctx.take_output::<T>();
+                let router = Router::new(outs, part_fn(), ctx.batch_size);
+                chain(ctx, Box::new(router))
+            });
+            b.stages[p.stage].factory = Some(factory);
+        }
+        job
+    }
+
+    fn parallelism_of_parts(&self) -> Vec<u32> {
+        let b = self.job.inner.borrow();
+        self.parts.iter().map(|p| b.stages[p.stage].parallelism).collect()
+    }
+
+    /// A new pass-through stage of `parallelism` fed by `kind` edges.
+    fn redistribute(
+        self,
+        uid: &str,
+        parallelism: u32,
+        kind: EdgeKind,
+        part: Arc<dyn Fn() -> Partitioner<T> + Send + Sync>,
+    ) -> Stream<T> {
+        let job = self.job.clone();
+        let stage = job.add_stage(uid.to_string(), parallelism, vec![]);
+        let job = self.close_into(stage, kind, part);
+        let chain: ChainFn<T> = Arc::new(|ctx, tail| {
+            let inputs = ctx.take_inputs::<T>();
+            Ok(Box::new(InputBody::new(ctx, inputs, Box::new(Identity { next: tail }))?) as Box<dyn TaskBody>)
+        });
+        Stream { job, parts: vec![Part { stage, chain }] }
+    }
+
+    /// Spread records round-robin over a new stage of `parallelism` tasks.
+    pub fn rebalance(self, uid: &str, parallelism: u32) -> Stream<T> {
+        self.redistribute(uid, parallelism, EdgeKind::Rebalance, Arc::new(|| Partitioner::Rebalance { next: 0 }))
+    }
+
+    /// Send every record to every task of a new stage of `parallelism` tasks.
+    pub fn broadcast(self, uid: &str, parallelism: u32) -> Stream<T>
+    where
+        T: Clone,
+    {
+        self.redistribute(
+            uid,
+            parallelism,
+            EdgeKind::Broadcast,
+            Arc::new(|| Partitioner::Broadcast { clone: T::clone }),
+        )
+    }
+
+    /// A new stage of the same parallelism, subtask i reading subtask i (every part must have it).
+    pub fn forward(self, uid: &str) -> Stream<T> {
+        let ps = self.parallelism_of_parts();
+        let p = ps[0];
+        if ps.iter().any(|q| *q != p) {
+            self.job
+                .inner
+                .borrow_mut()
+                .errors
+                .push(format!("{uid}: forward edge from stages of different parallelism"));
+        }
+        self.redistribute(uid, p, EdgeKind::Forward, Arc::new(|| Partitioner::Forward))
+    }
+
+    /// End the stream in a sink with the upstream's parallelism, fused into the upstream task when the
+    /// stream comes from one stage. `uid` names the sink's transactions in checkpoints.
+    pub fn sink<S: Sink<T> + Clone>(self, uid: &str, sink: S) {
+        let stream = if self.parts.len() == 1 { self } else { self.forward(&format!("{uid}.in")) };
+        let uid_s = uid.to_string();
+        let job = stream.job.clone();
+        for p in stream.parts {
+            {
+                let mut b = job.inner.borrow_mut();
+                if b.stages.iter().any(|s| s.state_uids.contains(&uid_s)) {
+                    b.errors.push(format!("two operators share the id {uid_s:?}"));
+                }
+                if !valid_uid(&uid_s) {
+                    b.errors.push(format!("id {uid_s:?} must be 1-128 characters of [A-Za-z0-9_.-]"));
+                }
+                b.stages[p.stage].state_uids.push(uid_s.clone());
+            }
+            let chain = p.chain.clone();
+            let proto = std::sync::Mutex::new(sink.clone());
+            let uid = uid_s.clone();
+            let factory: StageFactory = Arc::new(move |ctx| {
+                let sctx = SinkContext {
+                    uid: uid.clone(),
+                    subtask: ctx.subtask,
+                    parallelism: ctx.parallelism,
+                    incarnation: ctx.incarnation,
+                    job: ctx.job_id.clone(),
+                };
+                let sink = proto.lock().expect("sink prototype").clone();
+                let emit = SinkEmit::open(sink, sctx, ctx.restore, ctx.faults.clone())?;
+                chain(ctx, Box::new(emit))
+            });
+            let mut b = job.inner.borrow_mut();
+            assert!(b.stages[p.stage].factory.is_none());
+            b.stages[p.stage].factory = Some(factory);
+        }
+    }
+
+    /// End the stream in a sink of its own parallelism behind a rebalance edge.
+    pub fn sink_with_parallelism<S: Sink<T> + Clone>(self, uid: &str, parallelism: u32, sink: S) {
+        self.rebalance(&format!("{uid}.in"), parallelism).sink(uid, sink)
+    }
+}
+
+impl<K: Key, T: Data> KeyedStream<K, T> {
+    /// Parallelism of the keyed operator (default: the job's).
+    pub fn parallelism(mut self, p: u32) -> Self {
+        self.parallelism = Some(p);
+        self
+    }
+
+    /// The general keyed operator: for every record, `f(key, state, record, out)` where `state` is the
+    /// key's value state (`None` when absent; set it to `None` to delete it). The state may be any
+    /// serialisable value, a map included. `uid` names the state in checkpoints: keep it stable.
+    pub fn process<S: StateValue, O: Send + 'static>(
+        self,
+        uid: &str,
+        f: impl Fn(&K, &mut Option<S>, T, &mut Output<O>) + Send + Sync + 'static,
+    ) -> Stream<O> {
+        let job = self.stream.job.clone();
+        let p = self.parallelism.unwrap_or_else(|| job.default_parallelism());
+        let stage = job.add_stage(uid.to_string(), p, vec![uid.to_string()]);
+        let key = self.key.clone();
+        let max_parallelism = job.inner.borrow().max_parallelism;
+        let part_key = key.clone();
+        let job = self.stream.close_into(
+            stage,
+            EdgeKind::Hash,
+            Arc::new(move || {
+                let k = part_key.clone();
+                Partitioner::Hash { key_hash: Arc::new(move |t: &T| stable_hash(&k(t))), max_parallelism }
+            }),
+        );
+        let f: KeyedFn<K, T, S, O> = Arc::new(f);
+        let uid = uid.to_string();
+        let chain: ChainFn<O> = Arc::new(move |ctx, tail| {
+            let inputs = ctx.take_inputs::<T>();
+            let mut op = KeyedProcessOp {
+                uid: uid.clone(),
+                key_fn: key.clone(),
+                f: f.clone(),
+                state: Default::default(),
+                range: KeyGroupRange::for_subtask(ctx.max_parallelism, ctx.parallelism, ctx.subtask),
+                max_parallelism: ctx.max_parallelism,
+                next: tail,
+            };
+            op.restore(ctx.restore)?;
+            Ok(Box::new(InputBody::new(ctx, inputs, Box::new(op))?) as Box<dyn TaskBody>)
+        });
+        Stream { job, parts: vec![Part { stage, chain }] }
+    }
+
+    /// Running reduction per key; emits the new value after every record.
+    pub fn reduce(self, uid: &str, f: impl Fn(&T, &T) -> T + Send + Sync + 'static) -> Stream<T>
+    where
+        T: StateValue,
+    {
+        self.process(uid, move |_k, state: &mut Option<T>, item: T, out| {
+            let next = match state.as_ref() {
+                Some(acc) => f(acc, &item),
+                None => item,
+            };
+            *state = Some(next.clone());
+            out.emit(next);
+        })
+    }
+
+    /// Running aggregate per key: `add` folds each record into the accumulator (created by `init`),
+    /// `result` turns the key and accumulator into the record emitted after every update.
+    pub fn aggregate<A: StateValue, O: Send + 'static>(
+        self,
+        uid: &str,
+        init: impl Fn() -> A + Send + Sync + 'static,
+        add: impl Fn(&mut A, T) + Send + Sync + 'static,
+        result: impl Fn(&K, &A) -> O + Send + Sync + 'static,
+    ) -> Stream<O> {
+        self.process(uid, move |k, state: &mut Option<A>, item: T, out| {
+            let acc = state.get_or_insert_with(&init);
+            add(acc, item);
+            out.emit(result(k, acc));
+        })
+    }
+}
+
+impl<A: Data, B: Data> ConnectedStreams<A, B> {
+    /// Key both inputs; the keyed operator then sees `Either::Left` / `Either::Right` records, each
+    /// key's records of both inputs at the same subtask with the same state.
+    pub fn key_by<K: Key>(
+        self,
+        left_key: impl Fn(&A) -> K + Send + Sync + 'static,
+        right_key: impl Fn(&B) -> K + Send + Sync + 'static,
+    ) -> KeyedStream<K, Either<A, B>> {
+        let l = self.left.map(Either::Left);
+        let r = self.right.map(Either::Right);
+        l.union(r).key_by(move |e: &Either<A, B>| match e {
+            Either::Left(a) => left_key(a),
+            Either::Right(b) => right_key(b),
+        })
+    }
+}

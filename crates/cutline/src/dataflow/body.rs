@@ -1,0 +1,255 @@
+//! A task's typed parts behind the object-safe [`TaskBody`]: the inputs and chain of a task with
+//! inputs ([`InputBody`], which replays restored channel state before anything new on an input), or
+//! the source and chain of a source task ([`SourceBody`]). The runtime's task control plane drives a
+//! body without knowing its record types.
+
+use super::emit::Emit;
+use super::graph::StageCtx;
+use crate::channel::{Data, Message, Rx, Taken};
+use crate::connectors::{Source, SourceStatus};
+use crate::error::TaskError;
+use crate::state::{encode_plain, ElementState, SnapshotBuilder, StateImage};
+use cutline_core::barrier::Barrier;
+use cutline_core::CheckpointId;
+use std::collections::VecDeque;
+
+/// What polling one input produced.
+#[derive(Debug)]
+pub(crate) enum Polled {
+    Empty,
+    /// A batch was read and pushed through the chain; `recorded` is its encoding when the task asked
+    /// for it (the input records channel state).
+    Data {
+        recorded: Option<Vec<u8>>,
+    },
+    /// A barrier; `overtaken` holds the encoded batches it overtook (still queued, read later).
+    Barrier {
+        barrier: Barrier,
+        overtaken: Vec<Vec<u8>>,
+    },
+    End,
+    /// The upstream went away without end-of-stream: it failed or is being torn down.
+    Disconnected,
+}
+
+/// A task's typed parts, type-erased.
+pub(crate) trait TaskBody: Send {
+    /// Number of input channels (0 for a source).
+    fn inputs(&self) -> usize;
+    /// Is a message (or restored channel state) waiting on input `i`?
+    fn has_message(&self, i: usize) -> bool;
+    /// Take one message from input `i` without blocking; a batch goes straight through the chain.
+    /// Restored channel state of the input comes first. A barrier queued behind data is taken ahead of
+    /// it when `overtake` allows; `record` asks for the encoding of a batch read.
+    /// With `data` false (no output credit) only a barrier or end-of-stream is taken.
+    fn poll_input(
+        &mut self,
+        i: usize,
+        overtake: &dyn Fn(&Barrier) -> bool,
+        record: bool,
+        data: bool,
+    ) -> Result<Polled, TaskError>;
+    /// Encoded bytes of the data queued on input `i` (the byte limit of aligned checkpoints).
+    fn queued_bytes(&self, i: usize) -> u64;
+    /// May the task start work that produces output?
+    fn has_credit(&self) -> bool;
+    /// Sources: read up to one batch and push it through the chain.
+    fn poll_source(&mut self) -> Result<SourceStatus, TaskError>;
+    /// Add this body's state (source offset, chain elements) and forward the barrier.
+    fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError>;
+    fn on_end(&mut self) -> Result<(), TaskError>;
+    fn on_complete(&mut self, c: CheckpointId) -> Result<(), TaskError>;
+    fn flush(&mut self) -> Result<(), TaskError>;
+    fn on_start(&mut self) -> Result<(), TaskError>;
+    fn on_cancel(&mut self);
+}
+
+/// Body of a task with inputs.
+pub(crate) struct InputBody<T> {
+    inputs: Vec<Rx<T>>,
+    head: Box<dyn Emit<T>>,
+    /// Restored channel state per input (encoded batches), replayed before anything new on that input.
+    replay: Vec<VecDeque<Vec<u8>>>,
+}
+
+impl<T: Data> InputBody<T> {
+    /// The body of one task reading `inputs`, with the channel state the restored checkpoint holds
+    /// for it (see [`channel_state_uid`]).
+    pub fn new(ctx: &StageCtx<'_>, inputs: Vec<Rx<T>>, head: Box<dyn Emit<T>>) -> Result<InputBody<T>, TaskError> {
+        let uid = channel_state_uid(&ctx.stage_uid);
+        let mut replay: Vec<VecDeque<Vec<u8>>> = inputs.iter().map(|_| VecDeque::new()).collect();
+        if let Some(parts) = ctx.restore.elements.get(&uid) {
+            let state_err = |message: String| TaskError::State { uid: uid.clone(), message };
+            if parts.iter().any(|p| p.parallelism != ctx.parallelism) {
+                return Err(state_err(format!(
+                    "the restored checkpoint is unaligned and holds records in flight into {} at parallelism {}; the job now asks for {}. Restore it at the old parallelism, then take a savepoint (always aligned) and rescale from that",
+                    ctx.stage_uid, parts[0].parallelism, ctx.parallelism
+                )));
+            }
+            if let Some(bytes) = ctx.restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
+                let state: ChannelState =
+                    postcard::from_bytes(bytes).map_err(|e| state_err(format!("decoding channel state: {e}")))?;
+                if state.inputs.len() != inputs.len() {
+                    return Err(state_err(format!(
+                        "channel state for {} inputs, the task has {}: the job's inputs changed",
+                        state.inputs.len(),
+                        inputs.len()
+                    )));
+                }
+                for (r, batches) in replay.iter_mut().zip(state.inputs) {
+                    r.extend(batches);
+                }
+            }
+        }
+        Ok(InputBody { inputs, head, replay })
+    }
+}
+
+/// The state element under which a stage's tasks keep their channel state.
+pub(crate) fn channel_state_uid(stage_uid: &str) -> String {
+    // '/' is not allowed in operator ids, so this never collides with one.
+    format!("{stage_uid}/in-flight")
+}
+
+/// Records in flight into a task at an unaligned checkpoint: per input, encoded batches in order.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub(crate) struct ChannelState {
+    pub inputs: Vec<Vec<Vec<u8>>>,
+}
+
+impl StateImage for ChannelState {
+    fn encode(self: Box<Self>) -> Result<ElementState, String> {
+        postcard::to_allocvec(&*self).map(ElementState::Plain).map_err(|e| format!("encoding channel state: {e}"))
+    }
+}
+
+fn encode_batch<T: Data>(batch: &Vec<T>) -> Vec<u8> {
+    postcard::to_allocvec(batch).expect("a record type that serde can serialise (needed for channel state)")
+}
+
+impl<T: Data> TaskBody for InputBody<T> {
+    fn inputs(&self) -> usize {
+        self.inputs.len()
+    }
+    fn has_message(&self, i: usize) -> bool {
+        !self.replay[i].is_empty() || self.inputs[i].has_message()
+    }
+    fn poll_input(
+        &mut self,
+        i: usize,
+        overtake: &dyn Fn(&Barrier) -> bool,
+        record: bool,
+        data: bool,
+    ) -> Result<Polled, TaskError> {
+        if !self.replay[i].is_empty() {
+            if !data {
+                return Ok(Polled::Empty);
+            }
+            let bytes = self.replay[i].pop_front().expect("non-empty");
+            let batch: Vec<T> = postcard::from_bytes(&bytes).map_err(|e| TaskError::State {
+                uid: "(channel state)".into(),
+                message: format!("decoding a restored batch: {e}"),
+            })?;
+            self.head.emit_batch(batch)?;
+            return Ok(Polled::Data { recorded: record.then_some(bytes) });
+        }
+        match self.inputs[i].poll(overtake, &encode_batch::<T>, data) {
+            Taken::Msg(Message::Data(batch)) => {
+                debug_assert!(!batch.is_empty());
+                let recorded = record.then(|| encode_batch(&batch));
+                self.head.emit_batch(batch)?;
+                Ok(Polled::Data { recorded })
+            }
+            Taken::Msg(Message::Barrier(b)) => Ok(Polled::Barrier { barrier: b, overtaken: Vec::new() }),
+            Taken::Overtook { barrier, ahead } => Ok(Polled::Barrier { barrier, overtaken: ahead }),
+            Taken::Msg(Message::End) => Ok(Polled::End),
+            Taken::Empty => Ok(Polled::Empty),
+            Taken::Disconnected => Ok(Polled::Disconnected),
+        }
+    }
+    fn queued_bytes(&self, i: usize) -> u64 {
+        self.inputs[i].queued_bytes(&|b| encode_batch(b).len() as u64)
+    }
+    fn has_credit(&self) -> bool {
+        self.head.has_credit()
+    }
+    fn poll_source(&mut self) -> Result<SourceStatus, TaskError> {
+        unreachable!("not a source")
+    }
+    fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
+        self.head.on_barrier(b, snap)
+    }
+    fn on_end(&mut self) -> Result<(), TaskError> {
+        self.head.on_end()
+    }
+    fn on_complete(&mut self, c: CheckpointId) -> Result<(), TaskError> {
+        self.head.on_complete(c)
+    }
+    fn flush(&mut self) -> Result<(), TaskError> {
+        self.head.flush()
+    }
+    fn on_start(&mut self) -> Result<(), TaskError> {
+        self.head.on_start()
+    }
+    fn on_cancel(&mut self) {
+        self.head.on_cancel()
+    }
+}
+
+/// Body of a source task.
+pub(crate) struct SourceBody<S: Source> {
+    pub uid: String,
+    pub source: S,
+    pub chain: Box<dyn Emit<S::Item>>,
+    pub buf: Vec<S::Item>,
+    pub batch_size: usize,
+}
+
+impl<S: Source> TaskBody for SourceBody<S> {
+    fn inputs(&self) -> usize {
+        0
+    }
+    fn has_message(&self, _i: usize) -> bool {
+        false
+    }
+    fn poll_input(&mut self, _: usize, _: &dyn Fn(&Barrier) -> bool, _: bool, _: bool) -> Result<Polled, TaskError> {
+        unreachable!("a source has no inputs")
+    }
+    fn queued_bytes(&self, _i: usize) -> u64 {
+        0
+    }
+    fn has_credit(&self) -> bool {
+        self.chain.has_credit()
+    }
+    fn poll_source(&mut self) -> Result<SourceStatus, TaskError> {
+        let status = self
+            .source
+            .poll(&mut self.buf, self.batch_size)
+            .map_err(|m| TaskError::Source { uid: self.uid.clone(), message: m })?;
+        if !self.buf.is_empty() {
+            let batch = std::mem::replace(&mut self.buf, Vec::with_capacity(self.batch_size));
+            self.chain.emit_batch(batch)?;
+        }
+        Ok(status)
+    }
+    fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
+        assert!(self.buf.is_empty(), "records buffered across a barrier");
+        snap.add(&self.uid, encode_plain(&self.uid, &self.source.offset())?);
+        self.chain.on_barrier(b, snap)
+    }
+    fn on_end(&mut self) -> Result<(), TaskError> {
+        self.chain.on_end()
+    }
+    fn on_complete(&mut self, c: CheckpointId) -> Result<(), TaskError> {
+        self.chain.on_complete(c)
+    }
+    fn flush(&mut self) -> Result<(), TaskError> {
+        self.chain.flush()
+    }
+    fn on_start(&mut self) -> Result<(), TaskError> {
+        self.chain.on_start()
+    }
+    fn on_cancel(&mut self) {
+        self.chain.on_cancel()
+    }
+}

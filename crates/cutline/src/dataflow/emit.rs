@@ -1,0 +1,142 @@
+//! The per-record data path inside a task: a chain of [`Emit`] elements ending in a [`Router`](super::router::Router) (which
+//! batches records per output channel) or a sink. Stateless operators are fused here as chain elements.
+//!
+//! The chain also carries the control-plane hooks (`on_barrier`, `on_end`, `on_complete`) so that
+//! stateful elements snapshot and sinks prepare/commit in chain order. It does not decide when those
+//! hooks run: the task's control plane does (see `runtime::task`).
+
+use crate::error::TaskError;
+use crate::state::SnapshotBuilder;
+use cutline_core::barrier::Barrier;
+use cutline_core::CheckpointId;
+use std::sync::Arc;
+
+/// Records per batch on a channel. A partial batch is flushed when the task has nothing to read.
+pub const DEFAULT_BATCH_SIZE: usize = 1024;
+
+/// One element of a task's chain.
+pub(crate) trait Emit<T>: Send {
+    fn emit(&mut self, item: T) -> Result<(), TaskError>;
+    fn emit_batch(&mut self, batch: Vec<T>) -> Result<(), TaskError> {
+        for item in batch {
+            self.emit(item)?;
+        }
+        Ok(())
+    }
+    /// Send buffered records downstream.
+    fn flush(&mut self) -> Result<(), TaskError>;
+    /// May the task start work that produces output (every output channel has credit)?
+    fn has_credit(&self) -> bool;
+    /// The task aligned `barrier`: add this element's state to `snap`, then pass the hook on. A router
+    /// flushes and forwards the barrier; a sink prepares its transaction.
+    fn on_barrier(&mut self, barrier: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError>;
+    /// Every input ended: flush and forward end-of-stream.
+    fn on_end(&mut self) -> Result<(), TaskError>;
+    /// `checkpoint` is complete: commit what was prepared up to it.
+    fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError>;
+    /// The task starts running (after every task of the generation was built): sinks recover here.
+    fn on_start(&mut self) -> Result<(), TaskError>;
+    /// The task is being torn down without finishing (best effort).
+    fn on_cancel(&mut self) {}
+}
+
+/// Delegates every control hook but `on_barrier` to `self.next` (for elements with state of their own).
+macro_rules! delegate_lifecycle {
+    () => {
+        fn flush(&mut self) -> Result<(), TaskError> {
+            self.next.flush()
+        }
+        fn has_credit(&self) -> bool {
+            self.next.has_credit()
+        }
+        fn on_end(&mut self) -> Result<(), TaskError> {
+            self.next.on_end()
+        }
+        fn on_complete(&mut self, c: CheckpointId) -> Result<(), TaskError> {
+            self.next.on_complete(c)
+        }
+        fn on_cancel(&mut self) {
+            self.next.on_cancel()
+        }
+        fn on_start(&mut self) -> Result<(), TaskError> {
+            self.next.on_start()
+        }
+    };
+}
+pub(crate) use delegate_lifecycle;
+
+/// Wraps the next element and delegates every control hook to it (stateless elements).
+macro_rules! delegate_control {
+    () => {
+        fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
+            self.next.on_barrier(b, snap)
+        }
+        $crate::dataflow::emit::delegate_lifecycle!();
+    };
+}
+
+pub(crate) struct MapEmit<T, U> {
+    pub f: Arc<dyn Fn(T) -> U + Send + Sync>,
+    pub next: Box<dyn Emit<U>>,
+}
+
+impl<T: Send, U: Send> Emit<T> for MapEmit<T, U> {
+    #[inline]
+    fn emit(&mut self, item: T) -> Result<(), TaskError> {
+        self.next.emit((self.f)(item))
+    }
+    delegate_control!();
+}
+
+pub(crate) struct FilterEmit<T> {
+    pub f: Arc<dyn Fn(&T) -> bool + Send + Sync>,
+    pub next: Box<dyn Emit<T>>,
+}
+
+impl<T: Send> Emit<T> for FilterEmit<T> {
+    #[inline]
+    fn emit(&mut self, item: T) -> Result<(), TaskError> {
+        if (self.f)(&item) {
+            self.next.emit(item)
+        } else {
+            Ok(())
+        }
+    }
+    delegate_control!();
+}
+
+/// A flat-map function: pushes zero or more outputs for one input.
+pub(crate) type FlatMapFn<T, U> = Arc<dyn Fn(T, &mut Vec<U>) + Send + Sync>;
+
+pub(crate) struct FlatMapEmit<T, U> {
+    pub f: FlatMapFn<T, U>,
+    pub buf: Vec<U>,
+    pub next: Box<dyn Emit<U>>,
+}
+
+impl<T: Send, U: Send> Emit<T> for FlatMapEmit<T, U> {
+    fn emit(&mut self, item: T) -> Result<(), TaskError> {
+        (self.f)(item, &mut self.buf);
+        for u in self.buf.drain(..) {
+            self.next.emit(u)?;
+        }
+        Ok(())
+    }
+    delegate_control!();
+}
+
+/// An identity element: passes records through (the head of a union or rebalance stage).
+pub(crate) struct Identity<T> {
+    pub next: Box<dyn Emit<T>>,
+}
+
+impl<T: Send> Emit<T> for Identity<T> {
+    #[inline]
+    fn emit(&mut self, item: T) -> Result<(), TaskError> {
+        self.next.emit(item)
+    }
+    fn emit_batch(&mut self, batch: Vec<T>) -> Result<(), TaskError> {
+        self.next.emit_batch(batch)
+    }
+    delegate_control!();
+}

@@ -1,0 +1,122 @@
+//! [`SinkEmit`]: the chain element that drives a [`Sink`] from a task: writes records into the open
+//! transaction, prepares at the barrier and keeps the prepared transactions in the task's state until
+//! a completed checkpoint commits them, and recovers what a restored checkpoint prepared when the task
+//! starts. It decides nothing about checkpoints; it reacts to the task's control hooks.
+
+use super::emit::Emit;
+use crate::connectors::{Sink, SinkContext};
+use crate::error::TaskError;
+use crate::fault::{FaultPoint, Faults};
+use crate::state::{encode_plain, RestoreIndex, SnapshotBuilder};
+use cutline_core::barrier::Barrier;
+use cutline_core::CheckpointId;
+use std::collections::BTreeMap;
+
+/// Drives a [`Sink`] from the task's chain.
+pub(crate) struct SinkEmit<T, S: Sink<T>> {
+    uid: String,
+    sink: S,
+    /// Prepared, not yet committed: part of every snapshot until committed.
+    uncommitted: BTreeMap<CheckpointId, S::Committable>,
+    /// What the restored checkpoint prepared, committed by `recover` when the task starts.
+    to_recover: Option<Vec<S::Committable>>,
+    faults: Faults,
+    _t: std::marker::PhantomData<fn(T)>,
+}
+
+impl<T: Send + 'static, S: Sink<T>> SinkEmit<T, S> {
+    pub fn open(mut sink: S, ctx: SinkContext, restore: &RestoreIndex, faults: Faults) -> Result<Self, TaskError> {
+        let uid = ctx.uid.clone();
+        let err = |m: String| TaskError::Sink { uid: uid.clone(), message: m };
+        sink.open(&ctx).map_err(err)?;
+        let restored: BTreeMap<CheckpointId, S::Committable> =
+            match restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
+                Some(bytes) => postcard::from_bytes(bytes).map_err(|e| err(format!("decoding sink state: {e}")))?,
+                None => BTreeMap::new(),
+            };
+        if let Some(c) = restore.checkpoint {
+            assert!(restored.keys().all(|k| *k <= c), "{uid}: restored committables newer than checkpoint {c}");
+        }
+        if !restore.duplicates_allowed {
+            // Every sink subtask answers this before any of them recovers (recovery discards prepared
+            // transactions; a refusal after that would leave nothing to repair).
+            let committed = sink.committed_after(restore.checkpoint).map_err(err)?;
+            if committed == Some(true) || (committed.is_none() && !restore.skipped.is_empty()) {
+                let from =
+                    restore.checkpoint.map(|c| format!("checkpoint {c}")).unwrap_or_else(|| "an empty start".into());
+                let why = if restore.skipped.is_empty() {
+                    "a newer checkpoint is missing, or the output belongs to another run".to_string()
+                } else {
+                    format!("newer checkpoint(s) {:?} do not verify", restore.skipped)
+                };
+                return Err(TaskError::State {
+                    uid: uid.clone(),
+                    message: format!(
+                        "this sink already committed output after {from} ({why}): restoring {from} would commit that output twice. Repair or restore the checkpoint files, use a fresh output, or run in at-least-once mode to accept duplicates"
+                    ),
+                });
+            }
+        }
+        let to_commit: Vec<S::Committable> = restored.into_values().collect();
+        Ok(SinkEmit {
+            uid,
+            sink,
+            uncommitted: BTreeMap::new(),
+            to_recover: Some(to_commit),
+            faults,
+            _t: std::marker::PhantomData,
+        })
+    }
+}
+
+impl<T: Send + 'static, S: Sink<T>> Emit<T> for SinkEmit<T, S> {
+    #[inline]
+    fn emit(&mut self, item: T) -> Result<(), TaskError> {
+        self.sink.write(item).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })
+    }
+    fn on_start(&mut self) -> Result<(), TaskError> {
+        let to_commit = self.to_recover.take().expect("a sink starts once");
+        self.faults.check(FaultPoint::SinkRecover)?;
+        self.sink.recover(&to_commit).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })
+    }
+    fn has_credit(&self) -> bool {
+        true
+    }
+    fn flush(&mut self) -> Result<(), TaskError> {
+        Ok(())
+    }
+    fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
+        self.faults.check(FaultPoint::SinkPrepare)?;
+        if let Some(c) =
+            self.sink.prepare(b.checkpoint).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })?
+        {
+            let prev = self.uncommitted.insert(b.checkpoint, c);
+            assert!(prev.is_none(), "{}: prepared twice for {}", self.uid, b.checkpoint);
+        }
+        snap.add(&self.uid, encode_plain(&self.uid, &self.uncommitted)?);
+        Ok(())
+    }
+    fn on_end(&mut self) -> Result<(), TaskError> {
+        Ok(())
+    }
+    fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError> {
+        let done: Vec<CheckpointId> = self.uncommitted.range(..=checkpoint).map(|(k, _)| *k).collect();
+        if done.is_empty() {
+            return Ok(());
+        }
+        let batch: Vec<S::Committable> = done.iter().map(|k| self.uncommitted[k].clone()).collect();
+        self.faults.check(FaultPoint::SinkCommit)?;
+        let (first, rest) = batch.split_at(1);
+        self.sink.commit(first).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })?;
+        // A crash here leaves the commit half done; recovery must finish it.
+        self.faults.check(FaultPoint::SinkCommitMidway)?;
+        self.sink.commit(rest).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })?;
+        for k in done {
+            self.uncommitted.remove(&k);
+        }
+        Ok(())
+    }
+    fn on_cancel(&mut self) {
+        self.sink.abort();
+    }
+}

@@ -1,0 +1,88 @@
+//! [`RunConfig`]: how a job runs (storage, checkpoint settings, restart strategy, channel and batch
+//! sizes, writers), with its defaults and validation.
+
+use super::error::RunError;
+use crate::fault::Faults;
+use cutline_core::coordinator::CheckpointConfig;
+use cutline_core::restart::RestartStrategy;
+use cutline_storage::CheckpointStore;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Batches a data channel holds before its sender blocks (backpressure).
+pub const DEFAULT_CHANNEL_CAPACITY: usize = 16;
+/// Snapshots queued for the writers before a task blocks at its next barrier.
+pub const SNAPSHOT_QUEUE_CAPACITY: usize = 64;
+/// Complete checkpoints kept by retention.
+pub const DEFAULT_RETAINED_CHECKPOINTS: usize = 3;
+/// How often the coordinator looks at the clock when nothing happens.
+pub const DEFAULT_TICK_MS: u64 = 1;
+/// How long an idle source waits before polling again.
+
+/// How a job runs. Build with [`RunConfig::new`] and adjust fields.
+#[derive(Clone)]
+pub struct RunConfig {
+    pub store: Arc<dyn CheckpointStore>,
+    /// Identifies the job in its state directory: a directory written by another job is refused.
+    pub job_fingerprint: String,
+    pub checkpoint: CheckpointConfig,
+    pub restart: RestartStrategy,
+    /// Complete checkpoints kept (default 3).
+    pub retain: usize,
+    /// Batches per data channel (default 16).
+    pub channel_capacity: usize,
+    /// Records per batch (default 1024).
+    pub batch_size: usize,
+    /// Snapshot writer threads (default 1).
+    pub snapshot_writers: usize,
+    /// Failure injection (drills, tests); none by default.
+    pub faults: Faults,
+    /// How often the coordinator evaluates triggers and timeouts (default 1 ms).
+    pub tick_ms: u64,
+    /// Print a line per checkpoint, failure and restart to stderr.
+    pub verbose: bool,
+    /// Limit of the in-flight records one task persists for one unaligned checkpoint; above it the
+    /// task declines the checkpoint (default 256 MiB).
+    pub max_channel_state_bytes: u64,
+    /// Start from this exported savepoint when the store holds no complete checkpoint yet (a later
+    /// restart of the same run resumes from the run's own checkpoints).
+    pub from_savepoint: Option<PathBuf>,
+    /// Where savepoints go when a request names no directory: `<dir>/sp-<checkpoint>`.
+    pub savepoint_dir: Option<PathBuf>,
+}
+
+/// Default of [`RunConfig::max_channel_state_bytes`].
+pub const DEFAULT_MAX_CHANNEL_STATE_BYTES: u64 = 256 << 20;
+
+impl RunConfig {
+    pub fn new(store: Arc<dyn CheckpointStore>, job_fingerprint: impl Into<String>) -> RunConfig {
+        RunConfig {
+            store,
+            job_fingerprint: job_fingerprint.into(),
+            checkpoint: CheckpointConfig::default(),
+            restart: RestartStrategy::default(),
+            retain: DEFAULT_RETAINED_CHECKPOINTS,
+            channel_capacity: DEFAULT_CHANNEL_CAPACITY,
+            batch_size: crate::dataflow::DEFAULT_BATCH_SIZE,
+            snapshot_writers: 1,
+            faults: Faults::none(),
+            tick_ms: DEFAULT_TICK_MS,
+            verbose: false,
+            max_channel_state_bytes: DEFAULT_MAX_CHANNEL_STATE_BYTES,
+            from_savepoint: None,
+            savepoint_dir: None,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), RunError> {
+        self.checkpoint.validate().map_err(RunError::Config)?;
+        let bad = |m: &str| Err(RunError::Config(m.to_string()));
+        if self.retain == 0 {
+            return bad("retain must keep at least 1 checkpoint");
+        }
+        if self.channel_capacity == 0 || self.batch_size == 0 || self.snapshot_writers == 0 || self.tick_ms == 0 {
+            return bad("channel capacity, batch size, snapshot writers and tick must all be positive");
+        }
+        Ok(())
+    }
+}

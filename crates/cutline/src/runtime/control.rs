@@ -1,0 +1,164 @@
+//! Controlling a running job: [`JobControl`] (settings, savepoints, metrics, stop) and [`JobHandle`]
+//! (wait for it), with [`spawn`] and [`run`], the entry points.
+
+use super::config::RunConfig;
+use super::error::RunError;
+use super::local::{panic_message, LocalBackend};
+use super::report::{JobMetrics, JobReport};
+use super::run::run_on;
+use super::savepoint::SavepointInfo;
+use crate::dataflow::JobGraph;
+use crossbeam_channel::{Receiver, Sender};
+use cutline_core::coordinator::CheckpointConfig;
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+
+/// A request to a running job (see [`JobHandle`]).
+pub(crate) enum Command {
+    Stop,
+    SetCheckpointConfig(CheckpointConfig, Sender<Result<(), String>>),
+    UpdateCheckpointConfig(ConfigEdit, Sender<Result<CheckpointConfig, String>>),
+    CheckpointConfig(Sender<CheckpointConfig>),
+    Savepoint { stop: bool, target: Option<PathBuf>, reply: Sender<Result<SavepointInfo, String>> },
+    Metrics(Sender<JobMetrics>),
+}
+
+/// A change to the settings in force, applied on the coordinator's thread (see
+/// [`JobControl::update_checkpoint_config`]).
+pub(crate) type ConfigEdit = Box<dyn FnOnce(&mut CheckpointConfig) -> Result<(), String> + Send>;
+
+/// A cloneable remote control of a running job: change settings, take savepoints, read metrics, stop.
+#[derive(Clone)]
+pub struct JobControl {
+    commands: Sender<Command>,
+}
+
+fn ended<T>(_: T) -> String {
+    "the job has ended".to_string()
+}
+
+impl JobControl {
+    pub(crate) fn new(commands: Sender<Command>) -> JobControl {
+        JobControl { commands }
+    }
+
+    /// Change the checkpoint settings (interval, timeout, min pause, concurrency, tolerable failures,
+    /// mode, unaligned, alignment timeout and byte limit) while the job runs; they apply from the next
+    /// checkpoint trigger. Invalid settings are refused with the reason, and the old ones stay.
+    pub fn set_checkpoint_config(&self, config: CheckpointConfig) -> Result<(), String> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.commands.send(Command::SetCheckpointConfig(config, tx)).map_err(ended)?;
+        rx.recv().map_err(ended)?
+    }
+
+    /// Change some checkpoint settings atomically: `edit` gets the settings in force and changes what
+    /// it wants, on the job's coordinator thread, so concurrent callers never undo each other's
+    /// changes. Returns the settings now in force; an `edit` error or invalid result changes nothing.
+    pub fn update_checkpoint_config(
+        &self,
+        edit: impl FnOnce(&mut CheckpointConfig) -> Result<(), String> + Send + 'static,
+    ) -> Result<CheckpointConfig, String> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.commands.send(Command::UpdateCheckpointConfig(Box::new(edit), tx)).map_err(ended)?;
+        rx.recv().map_err(ended)?
+    }
+
+    /// The checkpoint settings in force.
+    pub fn checkpoint_config(&self) -> Result<CheckpointConfig, String> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.commands.send(Command::CheckpointConfig(tx)).map_err(ended)?;
+        rx.recv().map_err(ended)
+    }
+
+    /// Take a savepoint now (always aligned and exactly-once) and export it to `target` (a new or
+    /// empty directory; default `RunConfig::savepoint_dir/sp-<checkpoint>`). Returns once it is
+    /// exported and verified.
+    pub fn savepoint(&self, target: Option<PathBuf>) -> Result<SavepointInfo, String> {
+        self.savepoint_request(false, target)
+    }
+
+    /// Take a savepoint after which the sources stop: the job drains, commits its output up to the
+    /// savepoint and stops. If the savepoint fails, the job fails over and keeps running, and the
+    /// error says why. Wait for the job with [`JobHandle::join`].
+    pub fn stop_with_savepoint(&self, target: Option<PathBuf>) -> Result<SavepointInfo, String> {
+        self.savepoint_request(true, target)
+    }
+
+    fn savepoint_request(&self, stop: bool, target: Option<PathBuf>) -> Result<SavepointInfo, String> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.commands.send(Command::Savepoint { stop, target, reply: tx }).map_err(ended)?;
+        rx.recv().map_err(|_| "the job ended before the savepoint completed".to_string())?
+    }
+
+    /// Flow-control and checkpoint figures of the running job.
+    pub fn metrics(&self) -> Result<JobMetrics, String> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.commands.send(Command::Metrics(tx)).map_err(ended)?;
+        rx.recv().map_err(ended)
+    }
+
+    /// Stop the job: every task is torn down without a further checkpoint. Output committed so far
+    /// stays; running the job again on the same store resumes from its latest complete checkpoint.
+    pub fn stop(&self) {
+        let _ = self.commands.send(Command::Stop);
+    }
+}
+
+/// A job running on a background thread: control it (see [`JobControl`], which it dereferences to)
+/// and wait for it.
+pub struct JobHandle {
+    control: JobControl,
+    thread: JoinHandle<Result<JobReport, RunError>>,
+}
+
+impl std::ops::Deref for JobHandle {
+    type Target = JobControl;
+    fn deref(&self) -> &JobControl {
+        &self.control
+    }
+}
+
+impl JobHandle {
+    pub(crate) fn new(control: JobControl, thread: JoinHandle<Result<JobReport, RunError>>) -> JobHandle {
+        JobHandle { control, thread }
+    }
+
+    /// A cloneable control for other threads (an admin socket, for example).
+    pub fn control(&self) -> JobControl {
+        self.control.clone()
+    }
+
+    /// Has the job ended (finished, stopped or failed)?
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+
+    /// Wait for the job to end.
+    pub fn join(self) -> Result<JobReport, RunError> {
+        match self.thread.join() {
+            Ok(r) => r,
+            Err(p) => Err(RunError::Internal(format!("the job's coordinator panicked: {}", panic_message(&*p)))),
+        }
+    }
+}
+
+/// Start `graph` on a background thread; see [`run`] for what it does.
+pub fn spawn(graph: JobGraph, cfg: RunConfig) -> JobHandle {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let thread = std::thread::Builder::new()
+        .name(format!("cutline-{}", graph.name()))
+        .spawn(move || run_with(&graph, cfg, &rx))
+        .expect("spawn the job thread");
+    JobHandle { control: JobControl { commands: tx }, thread }
+}
+
+/// Run `graph` to completion with checkpoints and recovery. Starting again on the same store after the
+/// process died resumes from the latest complete checkpoint. Use [`spawn`] to control a running job.
+pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
+    let (_tx, rx) = crossbeam_channel::unbounded();
+    run_with(graph, cfg, &rx)
+}
+
+fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> Result<JobReport, RunError> {
+    run_on(graph, cfg, commands, &mut LocalBackend::default())
+}

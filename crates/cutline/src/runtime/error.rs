@@ -1,0 +1,42 @@
+//! [`RunError`]: why a run did not finish.
+
+use crate::error::TaskError;
+use cutline_core::CheckpointId;
+use cutline_storage::StorageError;
+
+/// Why a job did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("cannot start from the savepoint: {0}")]
+    Savepoint(String),
+    #[error(
+        "the checkpoints in {store} belong to job {found:?}, not {expected:?}: use another state directory (--state)"
+    )]
+    WrongJob { store: String, found: String, expected: String },
+    // Not marked as the error's source: the message already carries it, and error reporters that
+    // print the source chain would say it twice.
+    #[error("checkpoint storage: {0}")]
+    Storage(StorageError),
+    #[error("cannot restore checkpoint {checkpoint}: {reason}")]
+    Restore { checkpoint: CheckpointId, reason: String },
+    #[error("the job failed and the restart strategy gave up after {attempts} restart(s); last failure: {last}")]
+    GaveUp { attempts: u32, last: String },
+    #[error("a task failed while the job was being deployed: {0}")]
+    Deploy(TaskError),
+    #[error("cannot start a thread ({0}): raise the process or thread limit, or lower the parallelism")]
+    Spawn(std::io::Error),
+    #[error("{0} (a bug in cutline: please report it with the job that triggers it)")]
+    Internal(String),
+    #[error("{0}")]
+    Superseded(String),
+    #[error("the {what} file in {store} is damaged ({reason}): {advice}")]
+    Damaged { what: &'static str, store: String, reason: String, advice: &'static str },
+}
+
+impl From<StorageError> for RunError {
+    fn from(e: StorageError) -> Self {
+        RunError::Storage(e)
+    }
+}

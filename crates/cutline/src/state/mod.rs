@@ -1,0 +1,27 @@
+//! Operator state: the stable key hash that maps keys to key groups ([`hash`](self)), snapshot images
+//! taken at a barrier and encoded off the task thread, and the index a restored job reads its state
+//! from.
+//!
+//! It does not write or read files (the storage crate does), does not decide when to snapshot (the
+//! task's control plane does), and knows no operator: operators put images in and take bytes out.
+
+mod hash;
+mod restore;
+mod snapshot;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::hash::Hash;
+
+pub(crate) use hash::{key_group_of_hash, KeyHasher, StableBuild};
+pub use hash::{splitmix64, stable_hash, StableHasher};
+pub(crate) use restore::RestoreIndex;
+pub(crate) use snapshot::{encode_plain, ElementState, SnapshotBuilder, StateImage};
+
+/// Trait bounds of keys.
+pub trait Key: Hash + Eq + Clone + Send + Sync + Serialize + DeserializeOwned + 'static {}
+impl<T: Hash + Eq + Clone + Send + Sync + Serialize + DeserializeOwned + 'static> Key for T {}
+
+/// Trait bounds of state values.
+pub trait StateValue: Clone + Send + Serialize + DeserializeOwned + 'static {}
+impl<T: Clone + Send + Serialize + DeserializeOwned + 'static> StateValue for T {}

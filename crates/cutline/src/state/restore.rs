@@ -1,0 +1,97 @@
+//! The index a restoring job reads its state from: every task state file of one checkpoint, decoded
+//! and filed by state element uid, from which each new task takes its part (plain state at the same
+//! parallelism, keyed state by key group at any parallelism).
+
+use super::snapshot::{ElementState, TaskStatePayload};
+use crate::error::TaskError;
+use cutline_core::{CheckpointId, KeyGroupRange};
+use std::collections::HashMap;
+
+/// One state element of one old subtask, as found in a checkpoint.
+#[derive(Debug)]
+pub(crate) struct RestoredPart {
+    pub subtask: u32,
+    pub parallelism: u32,
+    pub state: ElementState,
+}
+
+/// The state of a whole checkpoint, indexed by element uid, shared by every task of a restoring job.
+#[derive(Debug, Default)]
+pub(crate) struct RestoreIndex {
+    pub checkpoint: Option<CheckpointId>,
+    /// Newer complete checkpoints that did not verify and were skipped (a fallback).
+    pub skipped: Vec<CheckpointId>,
+    /// At-least-once mode: a fallback may commit output twice, and that is accepted.
+    pub duplicates_allowed: bool,
+    /// Restored from this exported savepoint, not from the job's store.
+    pub savepoint: Option<std::path::PathBuf>,
+    pub elements: HashMap<String, Vec<RestoredPart>>,
+}
+
+impl RestoreIndex {
+    pub fn add_task_payload(&mut self, subtask: u32, parallelism: u32, payload: &[u8]) -> Result<(), String> {
+        let p: TaskStatePayload = postcard::from_bytes(payload).map_err(|e| format!("decoding task state: {e}"))?;
+        for (uid, state) in p.elements {
+            self.elements.entry(uid).or_default().push(RestoredPart { subtask, parallelism, state });
+        }
+        Ok(())
+    }
+
+    /// Plain state of `uid` for `subtask`; the parallelism must not have changed.
+    pub fn plain(&self, uid: &str, subtask: u32, parallelism: u32) -> Result<Option<&[u8]>, TaskError> {
+        let Some(parts) = self.elements.get(uid) else {
+            return Ok(None);
+        };
+        let err = |m: String| TaskError::State { uid: uid.into(), message: m };
+        for p in parts {
+            if p.parallelism != parallelism {
+                return Err(err(format!(
+                    "checkpoint has it at parallelism {}, the job now asks for {parallelism}; only keyed operators can change parallelism",
+                    p.parallelism
+                )));
+            }
+            if p.subtask == subtask {
+                return match &p.state {
+                    ElementState::Plain(b) => Ok(Some(b)),
+                    ElementState::Keyed { .. } => {
+                        Err(err("checkpoint holds keyed state where plain state is expected".into()))
+                    }
+                };
+            }
+        }
+        Ok(None)
+    }
+
+    /// Every key group blob of keyed element `uid` that falls in `range`, from whichever old subtask
+    /// held it.
+    pub fn keyed(&self, uid: &str, range: KeyGroupRange, max_parallelism: u32) -> Result<Vec<(u32, &[u8])>, TaskError> {
+        let Some(parts) = self.elements.get(uid) else {
+            return Ok(vec![]);
+        };
+        let mut out = Vec::new();
+        for p in parts {
+            match &p.state {
+                ElementState::Keyed { max_parallelism: m, groups } => {
+                    if *m != max_parallelism {
+                        return Err(TaskError::State {
+                            uid: uid.into(),
+                            message: format!("checkpoint was taken with max parallelism {m}, the job now has {max_parallelism}; it cannot change"),
+                        });
+                    }
+                    for (kg, blob) in groups {
+                        if range.contains(cutline_core::KeyGroup(*kg)) {
+                            out.push((*kg, blob.as_slice()));
+                        }
+                    }
+                }
+                ElementState::Plain(_) => {
+                    return Err(TaskError::State {
+                        uid: uid.into(),
+                        message: "checkpoint holds plain state where keyed state is expected".into(),
+                    })
+                }
+            }
+        }
+        Ok(out)
+    }
+}

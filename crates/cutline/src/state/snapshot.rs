@@ -1,0 +1,63 @@
+//! Snapshot images: the cheap copy of a state element taken synchronously at a barrier
+//! ([`StateImage`]), collected per task ([`SnapshotBuilder`]) and encoded off the task thread into the
+//! payload of the task's state file ([`TaskStatePayload`]).
+
+use crate::error::TaskError;
+use serde::{Deserialize, Serialize};
+
+/// A state element's encoded form in a task's state file.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum ElementState {
+    /// Operator state (source offsets, sink transactions): restorable only at the same parallelism.
+    Plain(Vec<u8>),
+    /// Keyed state, one blob of concatenated `(key, value)` records per key group: redistributable.
+    Keyed { max_parallelism: u32, groups: Vec<(u32, Vec<u8>)> },
+}
+
+/// The payload of one task state file.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct TaskStatePayload {
+    pub elements: Vec<(String, ElementState)>,
+}
+
+/// A cheap copy of one element's state, taken synchronously at the barrier and encoded off the task
+/// thread while processing continues.
+pub(crate) trait StateImage: Send {
+    fn encode(self: Box<Self>) -> Result<ElementState, String>;
+}
+
+/// Collects the state images of a task's chain elements at a barrier.
+#[derive(Default)]
+pub(crate) struct SnapshotBuilder {
+    pub images: Vec<(String, Box<dyn StateImage>)>,
+}
+
+impl SnapshotBuilder {
+    pub fn add(&mut self, uid: &str, image: Box<dyn StateImage>) {
+        assert!(!self.images.iter().any(|(u, _)| u == uid), "two state elements named {uid} in one task");
+        self.images.push((uid.to_string(), image));
+    }
+
+    /// Encode every image (runs on a snapshot writer thread).
+    pub fn encode(self) -> Result<Vec<u8>, String> {
+        let mut elements = Vec::with_capacity(self.images.len());
+        for (uid, img) in self.images {
+            elements.push((uid, img.encode()?));
+        }
+        postcard::to_allocvec(&TaskStatePayload { elements }).map_err(|e| format!("encoding task state: {e}"))
+    }
+}
+
+/// Plain state from a serialisable value.
+pub(crate) struct PlainImage(pub Vec<u8>);
+
+impl StateImage for PlainImage {
+    fn encode(self: Box<Self>) -> Result<ElementState, String> {
+        Ok(ElementState::Plain(self.0))
+    }
+}
+
+pub(crate) fn encode_plain<T: Serialize>(uid: &str, v: &T) -> Result<Box<dyn StateImage>, TaskError> {
+    let bytes = postcard::to_allocvec(v).map_err(|e| TaskError::State { uid: uid.into(), message: e.to_string() })?;
+    Ok(Box::new(PlainImage(bytes)))
+}

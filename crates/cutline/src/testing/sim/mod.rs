@@ -1,0 +1,429 @@
+//! Deterministic simulation of a whole job in one thread: coordinator, tasks, channels, checkpoint
+//! storage and a transactional sink, driven by a seeded scheduler that reorders messages across channels
+//! (never within one), delays snapshot writes and control messages, crashes tasks at every protocol step,
+//! fails storage writes (including a manifest commit that succeeds but reports failure), kills the whole
+//! "process" and restarts it from storage.
+//!
+//! After every completed checkpoint it checks that the checkpoint is a consistent cut (the keyed state
+//! equals exactly what the sources' recorded offsets imply, or at least that much in at-least-once mode);
+//! at the end it checks that the committed output equals that of a run without failures (or contains
+//! it). A failing seed replays exactly: no clock influences a decision (time is simulated; only the
+//! encode/write statistics read one) and nothing spawns a thread.
+//!
+//! It drives the same `Task`, `Coordinator`, decision carrier (`driver.rs`), `MemStore`/`FaultyStore`
+//! and sink code as the threaded runtime; only the scheduling (this file) differs.
+
+mod check;
+mod generation;
+mod job;
+
+use crate::connectors::MemoryTxnStore;
+use crate::dataflow::JobGraph;
+use crate::fault::{FaultPoint, Faults};
+use crate::runtime::deploy::{deploy, DeployOptions};
+use crate::runtime::driver::{coordinator_for, next_generation, task_metas, SnapshotJob};
+use crate::runtime::start::{claim_generation, job_id, prepare_start, restore_latest, Start};
+use crate::runtime::task::Task;
+use crate::runtime::{AckReport, RunConfig};
+use cutline_core::barrier::CheckpointMode;
+use cutline_core::coordinator::{CheckpointConfig, Coordinator};
+use cutline_core::{CheckpointId, TimeMs};
+use cutline_storage::{FaultyStore, MemStore, StorageError, StoreOp};
+use generation::{run_generation_sim, GenEnd, NoPlane};
+use job::{expected_output, sim_job};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// A small seeded PRNG (xorshift64*), so that a seed replays exactly everywhere.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(crate::state::splitmix64(seed) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        assert!(n > 0);
+        self.next_u64() % n
+    }
+    /// True with probability `p_per_million` / 1e6.
+    pub fn chance(&mut self, p_per_million: u64) -> bool {
+        self.below(1_000_000) < p_per_million
+    }
+}
+
+/// How exactly-once checkpoints align in a simulation run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimAlignment {
+    Aligned,
+    Unaligned,
+    /// Aligned with a small random alignment timeout and byte limit, so tasks switch.
+    WithTimeout,
+    /// Each process life picks one of the three, and settings change at random while the job runs.
+    Mixed,
+}
+
+/// What a simulation run does. Probabilities are per million scheduler steps (or per operation).
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    pub mode: CheckpointMode,
+    /// Alignment of exactly-once checkpoints (ignored in at-least-once mode).
+    pub alignment: SimAlignment,
+    /// A task stops being scheduled for a random while (up to twice the checkpoint timeout): a
+    /// straggler or a stuck task.
+    pub stall_ppm: u64,
+    /// Records of source "left" (parallelism 2) and "right" (parallelism 1, behind a forward edge).
+    pub left_records: u64,
+    pub right_records: u64,
+    /// Records of source "rules" (parallelism 1), broadcast to 2 subtasks and unioned into "left".
+    pub rules_records: u64,
+    pub keys: u64,
+    pub max_concurrent: usize,
+    /// A task fails at a random step.
+    pub task_crash_ppm: u64,
+    /// The whole process dies (coordinator included) and restarts from storage.
+    pub process_crash_ppm: u64,
+    /// A savepoint is requested (a third of them stop the job, which a new process then resumes).
+    pub savepoint_ppm: u64,
+    /// A failure is injected at a fault point (snapshot, sink prepare/commit/recover, batch).
+    pub fault_point_ppm: u64,
+    /// A storage write fails.
+    pub storage_fail_ppm: u64,
+    pub max_steps: u64,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            mode: CheckpointMode::ExactlyOnce,
+            alignment: SimAlignment::Aligned,
+            stall_ppm: 0,
+            savepoint_ppm: 0,
+            left_records: 240,
+            right_records: 120,
+            rules_records: 30,
+            keys: 7,
+            max_concurrent: 1,
+            task_crash_ppm: 1_500,
+            process_crash_ppm: 500,
+            fault_point_ppm: 1_500,
+            storage_fail_ppm: 20_000,
+            max_steps: 400_000,
+        }
+    }
+}
+
+/// What a passing run saw (for tests that want to know the failures were really exercised).
+#[derive(Clone, Debug, Default)]
+pub struct SimReport {
+    pub steps: u64,
+    pub checkpoints_completed: u64,
+    /// Generation claims that storage failed (the next generation claimed again).
+    pub failed_claims: u64,
+    pub failovers: u64,
+    pub process_crashes: u64,
+    pub cuts_checked: u64,
+    /// Snapshot writes of an older generation that completed after a failover.
+    pub late_writes: u64,
+    /// In-flight batches found in the channel state of checked checkpoints.
+    pub in_flight_batches: u64,
+    /// Task snapshots that switched from aligned to unaligned.
+    pub switched_snapshots: u64,
+    /// Settings changed while the job ran.
+    pub retunes: u64,
+    pub stalls: u64,
+    pub savepoints_requested: u64,
+    pub stopped_with_savepoint: u64,
+}
+
+pub(super) const FINGERPRINT: &str = "sim-job";
+/// How often settings change at run time in the mixed-alignment scenario.
+pub(super) const RETUNE_PPM: u64 = 2_000;
+
+/// Run one seed; `Err` describes the first violated property.
+pub fn run_seed(seed: u64, o: &SimOptions) -> Result<SimReport, String> {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Sim::new(seed, o.clone()).run()));
+    match result {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+            Err(format!("assertion failed: {}", msg.unwrap_or_default()))
+        }
+    }
+}
+
+pub(super) struct Sim {
+    pub(super) seed: u64,
+    pub(super) o: SimOptions,
+    pub(super) rng: Arc<Mutex<Rng>>,
+    pub(super) store: Arc<FaultyStore<MemStore>>,
+    pub(super) out: Arc<Mutex<MemoryTxnStore>>,
+    pub(super) graph: JobGraph,
+    pub(super) now: TimeMs,
+    pub(super) report: SimReport,
+    /// Every epoch ever triggered, across failovers and process crashes.
+    pub(super) last_triggered: Option<CheckpointId>,
+    /// Snapshot writes not yet done. They survive a failover (so late acks of an older generation
+    /// reach the coordinator and late files land in storage after an abort), not a process crash.
+    pub(super) writes: Vec<SnapshotJob>,
+}
+
+impl Sim {
+    fn new(seed: u64, o: SimOptions) -> Sim {
+        let rng = Arc::new(Mutex::new(Rng::new(seed)));
+        let r2 = rng.clone();
+        let fail_ppm = o.storage_fail_ppm;
+        let store = Arc::new(FaultyStore::new(MemStore::new(), move |op| {
+            let mut r = r2.lock().expect("rng");
+            match op {
+                // Failing the meta write at start would only stop the simulated process; keep it simple.
+                StoreOp::WriteMeta | StoreOp::Gc | StoreOp::Discard { .. } | StoreOp::MarkFinished => false,
+                _ => r.chance(fail_ppm),
+            }
+        }));
+        let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+        let graph = sim_job(&o, out.clone());
+        Sim {
+            seed,
+            o,
+            rng,
+            store,
+            out,
+            graph,
+            now: TimeMs(0),
+            report: SimReport::default(),
+            last_triggered: None,
+            writes: Vec::new(),
+        }
+    }
+
+    pub(super) fn rand(&self, n: u64) -> u64 {
+        self.rng.lock().expect("rng").below(n)
+    }
+    pub(super) fn chance(&self, ppm: u64) -> bool {
+        self.rng.lock().expect("rng").chance(ppm)
+    }
+
+    fn config(&self) -> RunConfig {
+        let mut cfg = RunConfig::new(self.store.clone(), FINGERPRINT);
+        cfg.checkpoint = self.checkpoint_config();
+        cfg.retain = 2;
+        cfg.batch_size = 1 + self.rand(4) as usize;
+        cfg.channel_capacity = 1 + self.rand(4) as usize;
+        // Small enough that some unaligned checkpoints are declined for their channel state.
+        cfg.max_channel_state_bytes = 200 + self.rand(4000);
+        cfg
+    }
+
+    /// Random checkpoint settings for the scenario's mode and alignment.
+    pub(super) fn checkpoint_config(&self) -> CheckpointConfig {
+        let mut c = CheckpointConfig {
+            interval_ms: Some(5 + self.rand(20)),
+            timeout_ms: 400,
+            min_pause_ms: self.rand(3),
+            max_concurrent: self.o.max_concurrent,
+            tolerable_failures: 2,
+            mode: self.o.mode,
+            ..Default::default()
+        };
+        if self.o.mode == CheckpointMode::ExactlyOnce {
+            let alignment = match self.o.alignment {
+                SimAlignment::Mixed => {
+                    [SimAlignment::Aligned, SimAlignment::Unaligned, SimAlignment::WithTimeout][self.rand(3) as usize]
+                }
+                a => a,
+            };
+            match alignment {
+                SimAlignment::Aligned | SimAlignment::Mixed => {}
+                SimAlignment::Unaligned => c.unaligned = true,
+                SimAlignment::WithTimeout => {
+                    c.alignment_timeout_ms = Some(self.rand(8));
+                    if self.rand(2) == 0 {
+                        c.max_aligned_bytes = Some(self.rand(60));
+                    }
+                }
+            }
+        }
+        c
+    }
+
+    fn run(mut self) -> Result<SimReport, String> {
+        let expected = expected_output(&self.o);
+        // Each iteration of this loop is one process life.
+        loop {
+            match self.process_life()? {
+                Life::Finished => break,
+                Life::Crashed => {
+                    self.report.process_crashes += 1;
+                    self.writes.clear(); // they died with the process
+                }
+            }
+        }
+        let mut got = self.out.lock().expect("out").committed_records();
+        got.sort();
+        match self.o.mode {
+            CheckpointMode::ExactlyOnce => {
+                if got != expected {
+                    return Err(format!(
+                        "seed {}: committed output differs from the failure-free run: {}",
+                        self.seed,
+                        diff(&expected, &got)
+                    ));
+                }
+            }
+            CheckpointMode::AtLeastOnce => {
+                // Every record of the failure-free run must be there; replays may add duplicates, and
+                // state that counted a replayed record twice emits higher counts.
+                let have: std::collections::BTreeSet<&String> = got.iter().collect();
+                let missing: Vec<&String> = expected.iter().filter(|e| !have.contains(e)).take(5).collect();
+                if !missing.is_empty() {
+                    return Err(format!("seed {}: at-least-once output lost records, e.g. {missing:?}", self.seed));
+                }
+            }
+        }
+        Ok(self.report)
+    }
+
+    fn process_life(&mut self) -> Result<Life, String> {
+        let cfg = self.config();
+        let start = match prepare_start(&*self.store, FINGERPRINT, None).map_err(|e| e.to_string())? {
+            Start::AlreadyFinished(_) => return Ok(Life::Finished),
+            Start::Run(s) => s,
+        };
+        if let Some(l) = self.last_triggered {
+            assert!(start.first > l, "a new process would reuse epoch {} (last triggered {l})", start.first);
+        }
+        let mut generation = start.generation;
+        let mut lease_end = start.lease_end;
+        let mut coordinator: Option<Coordinator<AckReport>> = None;
+        let faults = {
+            let rng = self.rng.clone();
+            let ppm = self.o.fault_point_ppm;
+            Faults::new(move |p| {
+                let mut r = rng.lock().expect("rng");
+                match p {
+                    FaultPoint::ProcessBatch => r.chance(ppm / 10),
+                    _ => r.chance(ppm * 10),
+                }
+            })
+        };
+        let cfg = RunConfig { faults: faults.clone(), ..cfg };
+        loop {
+            // Deploy a generation.
+            let mode = coordinator.as_ref().map(|c| c.config().mode).unwrap_or(cfg.checkpoint.mode);
+            let (index, restored) = restore_latest(&cfg, &self.graph, mode).map_err(|e| format!("restore: {e}"))?;
+            // As the runtime: establish the generation in storage. Storage faults hit the claim too
+            // (also one that lands but reports failure); then the next generation tries again.
+            match claim_generation(&*self.store, FINGERPRINT, generation, &index, restored) {
+                Ok(()) => {}
+                Err(e @ (StorageError::GenerationTaken { .. } | StorageError::Superseded { .. })) => {
+                    return Err(format!("one coordinator was fenced by its own generations: {e}"))
+                }
+                Err(_) => {
+                    self.report.failed_claims += 1;
+                    generation =
+                        next_generation(&*self.store, FINGERPRINT, generation, lease_end).map_err(|e| e.to_string())?;
+                    continue;
+                }
+            }
+            let opts = DeployOptions {
+                restore: &index,
+                faults: faults.clone(),
+                incarnation_base: generation.0 << 32,
+                job_id: job_id(FINGERPRINT),
+                batch_size: cfg.batch_size,
+                channel_capacity: cfg.channel_capacity,
+                max_channel_state_bytes: cfg.max_channel_state_bytes,
+            };
+            let deployed = match deploy(&self.graph, &opts) {
+                Ok(d) => d,
+                Err(crate::error::TaskError::Injected(_)) => {
+                    // A sink failed during recovery: a failover before the generation ran.
+                    generation =
+                        next_generation(&*self.store, FINGERPRINT, generation, lease_end).map_err(|e| e.to_string())?;
+                    continue;
+                }
+                Err(e) => return Err(format!("deploy: {e}")),
+            };
+            drop(index);
+            let metas = task_metas(&self.graph);
+            let ids = deployed.iter().map(|d| d.task.id).collect();
+            let sources = deployed.iter().filter(|d| d.task.is_source()).map(|d| d.task.id).collect();
+            let coord = coordinator_for(
+                &mut coordinator,
+                &cfg.checkpoint,
+                generation,
+                (ids, sources),
+                (start.first, lease_end),
+                restored,
+                self.now,
+                &*self.store,
+                &NoPlane,
+            );
+            let mut tasks: Vec<Option<Task>> = deployed.into_iter().map(|d| Some(d.task)).collect();
+            match run_generation_sim(self, coord, &mut tasks, &metas, generation, &mut lease_end, &cfg)? {
+                GenEnd::Finished => return Ok(Life::Finished),
+                GenEnd::ProcessCrash | GenEnd::Stopped => return Ok(Life::Crashed),
+                GenEnd::FailOver => {
+                    self.report.failovers += 1;
+                    for t in tasks.iter_mut().flatten() {
+                        t.cancel();
+                    }
+                    generation =
+                        next_generation(&*self.store, FINGERPRINT, generation, lease_end).map_err(|e| e.to_string())?;
+                }
+            }
+        }
+    }
+}
+
+enum Life {
+    Finished,
+    Crashed,
+}
+
+fn diff(want: &[String], got: &[String]) -> String {
+    let mut w: BTreeMap<&str, i64> = BTreeMap::new();
+    for s in want {
+        *w.entry(s).or_default() += 1;
+    }
+    for s in got {
+        *w.entry(s).or_default() -= 1;
+    }
+    let missing: Vec<&str> = w.iter().filter(|(_, c)| **c > 0).map(|(s, _)| *s).take(5).collect();
+    let extra: Vec<&str> = w.iter().filter(|(_, c)| **c < 0).map(|(s, _)| *s).take(5).collect();
+    format!(
+        "{} records expected, {} committed; missing e.g. {missing:?}; duplicated/unexpected e.g. {extra:?}",
+        want.len(),
+        got.len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_free_run_produces_the_expected_output() {
+        let o = SimOptions {
+            task_crash_ppm: 0,
+            process_crash_ppm: 0,
+            fault_point_ppm: 0,
+            storage_fail_ppm: 0,
+            ..Default::default()
+        };
+        for seed in 0..20 {
+            let r = run_seed(seed, &o).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            assert_eq!(r.failovers, 0);
+            assert!(r.checkpoints_completed >= 1);
+        }
+    }
+}
