@@ -325,6 +325,10 @@ impl<R: Clone> Coordinator<R> {
     pub fn last_completed(&self) -> Option<CheckpointId> {
         self.last_completed
     }
+    /// The durable epoch lease: every epoch this coordinator issues is below it.
+    pub fn lease_end(&self) -> CheckpointId {
+        self.lease_end
+    }
     /// The next epoch this coordinator would issue: every epoch issued so far is below it.
     pub fn next_id(&self) -> CheckpointId {
         self.next_id

@@ -9,11 +9,13 @@
 //! - [`aligner`]: the per-task barrier alignment machine.
 //! - [`coordinator`]: the checkpoint coordinator machine.
 //! - [`restart`]: restart strategies and the choice of the checkpoint to restore.
+//! - [`lifecycle`]: the life of one run: start, restore, claim, deploy, run, fail over and restart.
 
 pub mod aligner;
 pub mod barrier;
 pub mod coordinator;
 pub mod ids;
+pub mod lifecycle;
 pub mod restart;
 
 pub use ids::*;

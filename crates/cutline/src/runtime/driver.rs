@@ -378,19 +378,3 @@ pub(crate) fn coordinator_for<'a>(
         }
     }
 }
-
-/// Start the next generation: durably record it (with the current lease) before deploying it.
-pub(crate) fn next_generation(
-    store: &dyn CheckpointStore,
-    fingerprint: &str,
-    generation: Generation,
-    lease_end: CheckpointId,
-) -> Result<Generation, RunError> {
-    let next = generation.next();
-    store.write_meta(&JobMeta {
-        job_fingerprint: fingerprint.to_string(),
-        generation: next,
-        epoch_lease_end: lease_end,
-    })?;
-    Ok(next)
-}

@@ -13,6 +13,7 @@ mod control;
 pub(crate) mod deploy;
 pub(crate) mod driver;
 mod error;
+pub(crate) mod life;
 pub(crate) mod local;
 pub(crate) mod report;
 pub(crate) mod run;

@@ -1,31 +1,29 @@
-//! The threaded runtime: one thread per task, a small pool of snapshot writers, and the coordinator
-//! loop on the calling thread. It carries out the coordinator's decisions (inject barriers, commit
-//! manifests, notify, abort, fail over) and the recovery decisions (which checkpoint, when to restart).
+//! The run of a job on a `Backend` (threads of this process, or worker processes): the host of the
+//! one run loop (`life::drive`) that deploys generations through the backend, runs each generation's
+//! coordinator loop (events in, decisions carried out, commands of a [`JobControl`](super::JobControl)
+//! answered), and waits between restarts while still answering commands.
 //!
-//! It owns no protocol logic of its own: the coordinator, aligner and restart policy decide; this module
-//! moves messages, bytes and threads.
+//! It owns no protocol logic of its own: the coordinator, aligner, restart policy and run lifecycle
+//! decide; this module moves messages, bytes and threads.
 
 use super::config::RunConfig;
 use super::control::Command;
-use super::driver::{
-    carry_out, coordinator_for, next_generation, Carried, CheckpointLog, ControlPlane, DriverCtx, SavepointEvent,
-};
+use super::driver::{carry_out, coordinator_for, Carried, CheckpointLog, ControlPlane, DriverCtx, SavepointEvent};
 use super::error::RunError;
+use super::life::{drive, DeployFailure, Ended, LifeHost};
 use super::report::{AckReport, JobMetrics, JobReport, TaskReport, METRICS_CHECKPOINTS};
 use super::savepoint::SavepointInfo;
-use super::start::{
-    claim_generation, committed_meanwhile, newest_manifest, prepare_start, restore_latest, unix_ms, Start,
-    MAX_GAP_RETRIES,
-};
+use super::start::unix_ms;
 use super::task::Control;
 use crate::dataflow::JobGraph;
 use crate::error::TaskError;
 use crate::state::RestoreIndex;
 use crossbeam_channel::{Receiver, Sender};
+use cutline_core::barrier::CheckpointMode;
 use cutline_core::coordinator::{CheckpointConfig, Coordinator, Event};
-use cutline_core::restart::{RestartDecision, RestartTracker};
+use cutline_core::lifecycle::{Cause, GenerationEnd};
 use cutline_core::{CheckpointId, Generation, TaskId, TimeMs};
-use cutline_storage::{CheckpointStore, StorageError};
+use cutline_storage::CheckpointStore;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -57,231 +55,189 @@ pub(crate) fn run_on(
     // One running job per store: a second process on the same state directory is refused.
     let _lock = cfg.store.lock()?;
     let started = Instant::now();
-    let store = cfg.store.clone();
-    let start = match prepare_start(&*store, &cfg.job_fingerprint, cfg.from_savepoint.as_deref())? {
-        Start::AlreadyFinished(c) => {
-            log(&cfg, || format!("job already finished with checkpoint {c}; nothing to do"));
-            return Ok(JobReport { already_finished: true, final_checkpoint: Some(c), ..Default::default() });
-        }
-        Start::Run(s) => s,
+    let mut host = RunHost {
+        graph,
+        cfg: &cfg,
+        backend,
+        commands,
+        started,
+        coordinator: None,
+        stats: CheckpointLog::default(),
+        report: JobReport::default(),
+        savepoint: None,
+        deployed: None,
     };
-    let (first, mut generation, mut lease_end) = (start.first, start.generation, start.lease_end);
-
-    let mut report = JobReport::default();
-    let mut stats = CheckpointLog::default();
-    let mut tracker = RestartTracker::new(cfg.restart.clone());
-    let mut coordinator: Option<Coordinator<AckReport>> = None;
-    let mut failed_at: Option<Instant> = None;
-    let mut savepoint: Option<SavepointRequest> = None;
-    let mut gap_retries = 0u32;
-    loop {
-        let mode = coordinator.as_ref().map(|c| c.config().mode).unwrap_or(cfg.checkpoint.mode);
-        // The newest manifest in storage before this start looks: one that appears above it (and above
-        // what the start restores) by the time the generation is claimed was committed in between.
-        let manifests_before = newest_manifest(&*store);
-        let (index, restored) = match restore_latest(&cfg, graph, mode) {
-            Ok(r) => r,
-            // Storage that fails to answer (not damaged data) may answer later: a failure like any other.
-            Err(RunError::Storage(e)) if !e.is_corruption() => {
-                failed_at.get_or_insert_with(Instant::now);
-                let current = coordinator.as_ref().map(|c| c.config().clone()).unwrap_or(cfg.checkpoint.clone());
-                if !after_failure(
-                    &cfg,
-                    &mut tracker,
-                    started,
-                    format!("reading checkpoints: {e}"),
-                    &mut report,
-                    commands,
-                    &current,
-                )? {
-                    return Ok(stopped(report, coordinator.as_ref(), &mut stats, started));
-                }
-                generation = next_generation(&*store, &cfg.job_fingerprint, generation, lease_end)?;
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        // Establish this generation (create-if-absent): a second coordinator of the job stops here,
-        // and manifests older generations complete from now on above what this start saw are fenced.
-        match claim_generation(&*store, &cfg.job_fingerprint, generation, &index, restored)
-            .and_then(|()| committed_meanwhile(&*store, manifests_before, &index, restored))
-        {
-            Ok(None) => {}
-            Ok(Some(c)) => {
-                // An older coordinator completed `c` after this start listed the checkpoints and
-                // before it claimed the generation: its sinks may have committed `c`, so it must not
-                // stay fenced. Take the claim back and start over, which restores `c`.
-                gap_retries += 1;
-                if gap_retries > MAX_GAP_RETRIES {
-                    return Err(RunError::Superseded(format!(
-                        "another coordinator keeps completing checkpoints of this job ({c} the latest) while this one starts: stop it first"
-                    )));
-                }
-                log(&cfg, || format!("{generation}: checkpoint {c} completed while starting; starting over"));
-                if let Err(e) = store.release_generation(generation) {
-                    return Err(RunError::Storage(e));
-                }
-                continue;
-            }
-            Err(e @ (StorageError::GenerationTaken { .. } | StorageError::Superseded { .. })) => {
-                return Err(RunError::Superseded(e.to_string()))
-            }
-            Err(e) => {
-                failed_at.get_or_insert_with(Instant::now);
-                let current = coordinator.as_ref().map(|c| c.config().clone()).unwrap_or(cfg.checkpoint.clone());
-                let reason = format!("recording {generation}: {e}");
-                if !after_failure(&cfg, &mut tracker, started, reason, &mut report, commands, &current)? {
-                    return Ok(stopped(report, coordinator.as_ref(), &mut stats, started));
-                }
-                generation = next_generation(&*store, &cfg.job_fingerprint, generation, lease_end)?;
-                continue;
-            }
-        }
-        if coordinator.is_none() {
-            report.restored_from = restored;
-        }
-        match restored {
-            Some(r) => log(&cfg, || format!("{generation}: restoring checkpoint {r}")),
-            None => log(&cfg, || format!("{generation}: starting from scratch (no complete checkpoint)")),
-        }
-        let (ev_tx, ev_rx) = crossbeam_channel::unbounded::<RtEvent>();
-        let deployed = match backend.deploy(graph, &cfg, generation, &index, restored, started, ev_tx) {
-            Ok(d) => d,
-            // State that cannot be restored into this job will not get better by retrying.
-            Err(DeployError::Permanent(e)) => return Err(RunError::Deploy(e)),
-            Err(DeployError::Retry(e)) => {
-                // A source or sink failed to open or recover, a worker was lost: a failure like any other.
-                backend.teardown();
-                let reason = format!("deploying {generation}: {e}");
-                failed_at.get_or_insert_with(Instant::now);
-                let current = coordinator.as_ref().map(|c| c.config().clone()).unwrap_or(cfg.checkpoint.clone());
-                if !after_failure(&cfg, &mut tracker, started, reason, &mut report, commands, &current)? {
-                    return Ok(stopped(report, coordinator.as_ref(), &mut stats, started));
-                }
-                generation = next_generation(&*store, &cfg.job_fingerprint, generation, lease_end)?;
-                continue;
-            }
-        };
-        drop(index);
-        let now_ms = TimeMs(started.elapsed().as_millis() as u64);
-        let coord = coordinator_for(
-            &mut coordinator,
-            &cfg.checkpoint,
-            generation,
-            (deployed.tasks.clone(), deployed.sources.clone()),
-            (first, lease_end),
-            restored,
-            now_ms,
-            &*store,
-            &LogOnly(&cfg),
-        );
-        if let Some(at) = failed_at.take() {
-            report.recovery_ms.push(at.elapsed().as_millis() as u64);
-        }
-        let outcome = run_generation(
-            &cfg,
-            coord,
-            backend,
-            deployed,
-            ev_rx,
-            generation,
-            started,
-            &mut stats,
-            &mut lease_end,
-            commands,
-            &mut savepoint,
-        );
-        backend.teardown();
-        let outcome = outcome?;
-        match outcome {
-            GenerationOutcome::Finished(c) => {
-                report.final_checkpoint = Some(c);
-                report.checkpoints = std::mem::take(&mut stats.done);
-                report.failed_checkpoints = std::mem::take(&mut stats.failed);
-                report.checkpoints_completed = coord.completed_count();
-                report.checkpoints_failed = coord.failed_count();
-                report.elapsed_ms = started.elapsed().as_millis() as u64;
-                return Ok(report);
-            }
-            GenerationOutcome::FailedOver(reason) => {
-                failed_at = Some(Instant::now());
-                let current = coord.config().clone();
-                if !after_failure(&cfg, &mut tracker, started, reason, &mut report, commands, &current)? {
-                    return Ok(stopped(report, Some(coord), &mut stats, started));
-                }
-                generation = next_generation(&*store, &cfg.job_fingerprint, generation, lease_end)?;
-            }
-            GenerationOutcome::Stopped => return Ok(stopped(report, Some(coord), &mut stats, started)),
-            GenerationOutcome::StoppedWithSavepoint(info) => {
-                report.final_checkpoint = None;
-                report.stopped_with_savepoint = Some(info);
-                return Ok(stopped(report, Some(coord), &mut stats, started));
-            }
-        }
-    }
-}
-
-/// The report of a run stopped through [`JobHandle::stop`].
-fn stopped(
-    mut report: JobReport,
-    coord: Option<&Coordinator<AckReport>>,
-    stats: &mut CheckpointLog,
-    started: Instant,
-) -> JobReport {
-    report.stopped = true;
-    if let Some(c) = coord {
+    let driven = drive(graph, &cfg, &mut host).expect("only the simulation's processes die on purpose");
+    let mut report = std::mem::take(&mut host.report);
+    report.restarts = driven.restarts;
+    report.restored_from = driven.restored_at_start.flatten();
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    if let Some(c) = &host.coordinator {
         report.checkpoints_completed = c.completed_count();
         report.checkpoints_failed = c.failed_count();
     }
-    report.checkpoints = std::mem::take(&mut stats.done);
-    report.failed_checkpoints = std::mem::take(&mut stats.failed);
-    report.elapsed_ms = started.elapsed().as_millis() as u64;
-    report
+    report.checkpoints = std::mem::take(&mut host.stats.done);
+    report.failed_checkpoints = std::mem::take(&mut host.stats.failed);
+    match driven.end? {
+        Ended::AlreadyFinished(c) => {
+            log(&cfg, || format!("job already finished with checkpoint {c}; nothing to do"));
+            Ok(JobReport { already_finished: true, final_checkpoint: Some(c), ..Default::default() })
+        }
+        Ended::Finished(c) => {
+            report.final_checkpoint = Some(c);
+            Ok(report)
+        }
+        Ended::Stopped | Ended::StoppedWithSavepoint => {
+            report.stopped = true;
+            Ok(report)
+        }
+    }
 }
 
-/// Ask the restart strategy; wait its delay or give up. `Ok(false)`: stopped while waiting.
-fn after_failure(
-    cfg: &RunConfig,
-    tracker: &mut RestartTracker,
+/// The threaded runtime's (and the cluster coordinator's) side of the run loop.
+struct RunHost<'a> {
+    graph: &'a JobGraph,
+    cfg: &'a RunConfig,
+    backend: &'a mut dyn Backend,
+    commands: &'a Receiver<Command>,
     started: Instant,
-    reason: String,
-    report: &mut JobReport,
-    commands: &Receiver<Command>,
-    current: &CheckpointConfig,
-) -> Result<bool, RunError> {
-    log(cfg, || format!("failing over: {reason}"));
-    match tracker.on_failure(TimeMs(started.elapsed().as_millis() as u64)) {
-        RestartDecision::GiveUp { attempts } => Err(RunError::GaveUp { attempts, last: reason }),
-        RestartDecision::RestartAfter { delay_ms, attempt } => {
-            log(cfg, || format!("restart attempt {attempt} in {delay_ms} ms"));
-            let until = Instant::now() + Duration::from_millis(delay_ms);
-            loop {
-                match commands.recv_deadline(until) {
-                    Ok(Command::Stop) => return Ok(false),
-                    Ok(Command::SetCheckpointConfig(_, reply)) => {
-                        let _ = reply.send(Err("the job is restarting; try again".into()));
-                    }
-                    Ok(Command::UpdateCheckpointConfig(_, reply)) => {
-                        let _ = reply.send(Err("the job is restarting; try again".into()));
-                    }
-                    Ok(Command::CheckpointConfig(reply)) => {
-                        let _ = reply.send(current.clone());
-                    }
-                    Ok(Command::Savepoint { reply, .. }) => {
-                        let _ = reply.send(Err("the job is restarting; try again".into()));
-                    }
-                    Ok(Command::Metrics(reply)) => {
-                        let _ = reply.send(JobMetrics { config: current.clone(), ..Default::default() });
-                    }
-                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                        std::thread::sleep(until.saturating_duration_since(Instant::now()));
-                        break;
-                    }
-                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => break,
+    /// Created at the first deployment, restarted at every later one.
+    coordinator: Option<Coordinator<AckReport>>,
+    stats: CheckpointLog,
+    report: JobReport,
+    savepoint: Option<SavepointRequest>,
+    /// The deployed generation, until it runs.
+    deployed: Option<(Deployed, Receiver<RtEvent>)>,
+}
+
+impl LifeHost for RunHost<'_> {
+    fn now(&self) -> TimeMs {
+        TimeMs(self.started.elapsed().as_millis() as u64)
+    }
+
+    fn mode(&self) -> CheckpointMode {
+        self.coordinator.as_ref().map(|c| c.config().mode).unwrap_or(self.cfg.checkpoint.mode)
+    }
+
+    fn deploy(
+        &mut self,
+        generation: Generation,
+        index: RestoreIndex,
+        restored: Option<CheckpointId>,
+        (first_epoch, lease_end): (CheckpointId, CheckpointId),
+    ) -> Result<(), DeployFailure> {
+        let (ev_tx, ev_rx) = crossbeam_channel::unbounded::<RtEvent>();
+        let deployed =
+            match self.backend.deploy(self.graph, self.cfg, generation, &index, restored, self.started, ev_tx) {
+                Ok(d) => d,
+                // State that cannot be restored into this job will not get better by retrying.
+                Err(DeployError::Permanent(e)) => {
+                    self.backend.teardown();
+                    return Err(DeployFailure { error: RunError::Deploy(e), permanent: true });
                 }
+                // A source or sink failed to open or recover, a worker was lost: a failure like any other.
+                Err(DeployError::Retry(e)) => {
+                    self.backend.teardown();
+                    return Err(DeployFailure { error: RunError::Internal(e), permanent: false });
+                }
+            };
+        drop(index);
+        let now = self.now();
+        coordinator_for(
+            &mut self.coordinator,
+            &self.cfg.checkpoint,
+            generation,
+            (deployed.tasks.clone(), deployed.sources.clone()),
+            (first_epoch, lease_end),
+            restored,
+            now,
+            &*self.cfg.store,
+            &LogOnly(self.cfg),
+        );
+        self.deployed = Some((deployed, ev_rx));
+        Ok(())
+    }
+
+    fn run(
+        &mut self,
+        generation: Generation,
+        recovered_after_ms: Option<u64>,
+    ) -> (GenerationEnd<RunError>, CheckpointId) {
+        if let Some(ms) = recovered_after_ms {
+            self.report.recovery_ms.push(ms);
+        }
+        let (deployed, ev_rx) = self.deployed.take().expect("a deployment precedes every run");
+        let coord = self.coordinator.as_mut().expect("created at the deployment");
+        let mut lease_end = coord_lease(coord);
+        let outcome = run_generation(
+            self.cfg,
+            coord,
+            &mut *self.backend,
+            deployed,
+            ev_rx,
+            generation,
+            self.started,
+            &mut self.stats,
+            &mut lease_end,
+            self.commands,
+            &mut self.savepoint,
+        );
+        self.backend.teardown();
+        let end = match outcome {
+            Err(e) => GenerationEnd::Error(e),
+            Ok(GenerationOutcome::Finished(c)) => GenerationEnd::Finished(c),
+            Ok(GenerationOutcome::FailedOver(reason)) => GenerationEnd::FailedOver { reason, permanent: false },
+            Ok(GenerationOutcome::Stopped) => GenerationEnd::Stopped,
+            Ok(GenerationOutcome::StoppedWithSavepoint(info)) => {
+                self.report.stopped_with_savepoint = Some(info);
+                GenerationEnd::StoppedWithSavepoint
             }
-            report.restarts += 1;
-            Ok(true)
+        };
+        (end, lease_end)
+    }
+
+    fn wait(&mut self, delay_ms: u64, _cause: Cause) -> bool {
+        let current = self.coordinator.as_ref().map(|c| c.config().clone()).unwrap_or(self.cfg.checkpoint.clone());
+        wait_answering(self.commands, Duration::from_millis(delay_ms), &current)
+    }
+
+    fn log(&self, msg: &dyn Fn() -> String) {
+        log(self.cfg, msg)
+    }
+}
+
+/// The durable epoch lease the coordinator works under.
+fn coord_lease(coord: &Coordinator<AckReport>) -> CheckpointId {
+    coord.lease_end()
+}
+
+/// Wait `delay` before a restart, answering commands meanwhile (settings and savepoints are refused
+/// while the job restarts). `true` if a stop was requested.
+fn wait_answering(commands: &Receiver<Command>, delay: Duration, current: &CheckpointConfig) -> bool {
+    let until = Instant::now() + delay;
+    loop {
+        match commands.recv_deadline(until) {
+            Ok(Command::Stop) => return true,
+            Ok(Command::SetCheckpointConfig(_, reply)) => {
+                let _ = reply.send(Err("the job is restarting; try again".into()));
+            }
+            Ok(Command::UpdateCheckpointConfig(_, reply)) => {
+                let _ = reply.send(Err("the job is restarting; try again".into()));
+            }
+            Ok(Command::CheckpointConfig(reply)) => {
+                let _ = reply.send(current.clone());
+            }
+            Ok(Command::Savepoint { reply, .. }) => {
+                let _ = reply.send(Err("the job is restarting; try again".into()));
+            }
+            Ok(Command::Metrics(reply)) => {
+                let _ = reply.send(JobMetrics { config: current.clone(), ..Default::default() });
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                std::thread::sleep(until.saturating_duration_since(Instant::now()));
+                return false;
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => return false,
         }
     }
 }

@@ -1,16 +1,19 @@
-//! What a process start and every restart do against checkpoint storage: check the store belongs to
-//! the job, start a generation and an epoch lease above everything issued before, choose and load the
-//! checkpoint to restore, claim the generation. The order and the retries are the run loop's.
+//! The storage side of the run lifecycle's steps (`cutline_core::lifecycle`): open the store (what
+//! belongs to the job, what it finished with, the highest ids), begin a generation and an epoch lease,
+//! choose and load the checkpoint to restore, claim the generation, release a claim, record the next
+//! generation. The order, the retries and every decision are the lifecycle's; these functions only
+//! read and write, and report what they found.
 
 use super::config::RunConfig;
 use super::error::RunError;
 use crate::dataflow::JobGraph;
 use crate::state::RestoreIndex;
 use cutline_core::barrier::CheckpointMode;
-use cutline_core::coordinator::EPOCH_LEASE_BLOCK;
+use cutline_core::lifecycle::{MetaFacts, Restored, StoreFacts};
 use cutline_core::restart::{choose_restore, Candidate};
 use cutline_core::{CheckpointId, Generation};
 use cutline_storage::{CheckpointStore, GenerationRecord, JobMeta, Manifest, StorageError};
+use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The short job id sinks put in their transaction names.
@@ -34,7 +37,15 @@ pub(crate) fn load_checkpoint(
     id: CheckpointId,
 ) -> Result<(RestoreIndex, Manifest), RunError> {
     let manifest = store.verify(id)?;
-    assert_eq!(manifest.checkpoint, id);
+    if manifest.checkpoint != id {
+        return Err(RunError::Restore {
+            checkpoint: id,
+            reason: format!(
+                "its manifest is that of checkpoint {}: checkpoint directories were renamed or copied by hand; move it back or delete it",
+                manifest.checkpoint
+            ),
+        });
+    }
     if manifest.job_fingerprint != fingerprint {
         return Err(RunError::WrongJob {
             store: store.describe(),
@@ -68,9 +79,10 @@ pub(crate) fn restore_latest(
     cfg: &RunConfig,
     graph: &JobGraph,
     mode: CheckpointMode,
-) -> Result<(RestoreIndex, Option<CheckpointId>), RunError> {
+) -> Result<(RestoreIndex, Restored), RunError> {
     // Verify from the newest down and stop at the first that verifies; only damaged data falls back.
     let listing = cfg.store.list_checkpoints()?;
+    let newest_manifest_before = listing.iter().filter(|l| l.complete || l.fenced).map(|l| l.id).max();
     let mut candidates = Vec::new();
     let mut loaded = None;
     for l in listing.iter().rev().filter(|l| l.complete) {
@@ -97,136 +109,161 @@ pub(crate) fn restore_latest(
             let (mut index, _) = load_checkpoint(&sp.store, graph, &cfg.job_fingerprint, sp.checkpoint)?;
             index.duplicates_allowed = mode == CheckpointMode::AtLeastOnce;
             index.savepoint = Some(path.clone());
-            return Ok((index, Some(sp.checkpoint)));
+            let r = Restored {
+                checkpoint: Some(sp.checkpoint),
+                skipped: Vec::new(),
+                from_savepoint: true,
+                newest_manifest_before,
+            };
+            return Ok((index, r));
         }
     }
     let mut index = loaded.unwrap_or_default();
     assert_eq!(index.checkpoint, choice.checkpoint);
     index.skipped = choice.skipped.iter().map(|(id, _)| *id).collect();
     index.duplicates_allowed = mode == CheckpointMode::AtLeastOnce;
-    Ok((index, choice.checkpoint))
+    let r = Restored {
+        checkpoint: choice.checkpoint,
+        skipped: index.skipped.clone(),
+        from_savepoint: false,
+        newest_manifest_before,
+    };
+    Ok((index, r))
 }
 
-pub(crate) struct StartInfo {
-    pub first: CheckpointId,
-    pub generation: Generation,
-    pub lease_end: CheckpointId,
+/// A storage error of the start, as a run error: damage of a named file gets advice.
+fn damaged<'a>(
+    store: &'a dyn CheckpointStore,
+    what: &'static str,
+    advice: &'static str,
+) -> impl Fn(StorageError) -> RunError + 'a {
+    move |e: StorageError| {
+        if e.is_corruption() {
+            RunError::Damaged { what, store: store.describe(), reason: e.to_string(), advice }
+        } else {
+            RunError::Storage(e)
+        }
+    }
 }
 
-pub(crate) enum Start {
-    AlreadyFinished(CheckpointId),
-    Run(StartInfo),
-}
-
-/// What every process start does before deploying: check the store belongs to this job, stop if the job
-/// already finished, start a new generation and a new epoch lease above everything issued before, and
-/// clear partial attempts of the previous process.
-pub(crate) fn prepare_start(
+/// [`Step::Open`](cutline_core::lifecycle::Step::Open): what the store says about the job. The
+/// fingerprint found in `job.meta` comes back too, for the error of another job's store.
+pub(crate) fn open(
     store: &dyn CheckpointStore,
     fingerprint: &str,
-    from_savepoint: Option<&std::path::Path>,
-) -> Result<Start, RunError> {
-    let damaged = |what: &'static str, advice: &'static str| {
-        move |e: StorageError| {
-            if e.is_corruption() {
-                RunError::Damaged { what, store: store.describe(), reason: e.to_string(), advice }
-            } else {
-                RunError::Storage(e)
-            }
-        }
-    };
+    from_savepoint: Option<&Path>,
+) -> Result<(StoreFacts, Option<String>), RunError> {
     let meta = store.read_meta().map_err(damaged(
+        store,
         "job.meta",
         "it names the job and its epoch lease; restore it from a backup, or start the job on a fresh state directory",
     ))?;
-    if let Some(m) = &meta {
-        if m.job_fingerprint != fingerprint {
-            return Err(RunError::WrongJob {
+    let found = meta.as_ref().map(|m| m.job_fingerprint.clone());
+    let finished_advice = "delete it: the job then resumes from its latest checkpoint and finishes again";
+    let finished = store.finished().map_err(damaged(store, "FINISHED", finished_advice))?;
+    // The marker counts only if it names this job's final checkpoint in this store: one copied from
+    // another job's store (or left after the checkpoints were replaced) must not end a half-done job.
+    if let Some(c) = finished.filter(|_| found.as_deref().is_none_or(|f| f == fingerprint)) {
+        let why = match store.read_manifest(c) {
+            Ok(m) if m.job_fingerprint == fingerprint && m.is_final && m.checkpoint == c => None,
+            Ok(m) if m.job_fingerprint != fingerprint => {
+                Some(format!("checkpoint {c} belongs to job {:?}", m.job_fingerprint))
+            }
+            Ok(_) => Some(format!("checkpoint {c} is not a final checkpoint")),
+            Err(e) if matches!(e, StorageError::NotFound { .. }) || e.is_corruption() => {
+                Some(format!("checkpoint {c} is not in the store ({e})"))
+            }
+            Err(e) => return Err(RunError::Storage(e)),
+        };
+        if let Some(why) = why {
+            return Err(RunError::Damaged {
+                what: "FINISHED",
                 store: store.describe(),
-                found: m.job_fingerprint.clone(),
-                expected: fingerprint.to_string(),
+                reason: format!("it says the job finished with checkpoint {c}, but {why}: the marker was copied from another job or its checkpoints were replaced"),
+                advice: finished_advice,
             });
         }
     }
-    if let Some(c) = store
-        .finished()
-        .map_err(damaged("FINISHED", "delete it: the job then resumes from its latest checkpoint and finishes again"))?
-    {
-        return Ok(Start::AlreadyFinished(c));
-    }
-    // Epochs: above the durable lease and above anything in storage, for the whole life of the job.
-    let seen = store.max_checkpoint_id_seen()?.map(|c| c.0 + 1).unwrap_or(1);
-    let mut first = CheckpointId(seen.max(meta.as_ref().map(|m| m.epoch_lease_end.0).unwrap_or(1)));
-    // The generation records decide (job.meta is a plain overwrite a stale coordinator may lower).
     let latest_record = store.latest_generation().map_err(damaged(
+        store,
         "generation record",
         "it fences older coordinators; restore it from a backup, or start the job on a fresh state directory",
     ))?;
-    let mut generation = meta
-        .as_ref()
-        .map(|m| m.generation)
-        .unwrap_or_default()
-        .max(latest_record.map(|r| r.generation).unwrap_or_default())
-        .next();
-    // A run that may start from a savepoint continues its epochs and generations: the restored
-    // checkpoint must be older than every new epoch, and sink transactions of the job the savepoint
-    // came from must never share a name with new ones.
     // Only while the store has no complete checkpoint: afterwards the run resumes from its own.
-    if let Some(path) = from_savepoint.filter(|_| matches!(store.latest_complete(), Ok(None))) {
-        let sp = super::savepoint::open(path).map_err(RunError::Savepoint)?;
-        first = first.max(sp.checkpoint.next());
-        generation = generation.max(sp.generation.next());
-    }
-    let lease_end = CheckpointId(first.0 + EPOCH_LEASE_BLOCK);
-    store.write_meta(&JobMeta { job_fingerprint: fingerprint.to_string(), generation, epoch_lease_end: lease_end })?;
-    // Partial attempts of a previous process are garbage now. Complete checkpoints all stay until this
-    // run completes one: the newest may not verify, and then an older one is the way back.
-    store.gc(usize::MAX, &[])?;
-    Ok(Start::Run(StartInfo { first, generation, lease_end }))
+    let savepoint = match from_savepoint {
+        Some(path) if store.latest_complete()?.is_none() => {
+            let sp = super::savepoint::open(path).map_err(RunError::Savepoint)?;
+            Some((sp.checkpoint, sp.generation))
+        }
+        _ => None,
+    };
+    let facts = StoreFacts {
+        meta: meta.as_ref().map(|m| MetaFacts {
+            same_job: m.job_fingerprint == fingerprint,
+            generation: m.generation,
+            lease_end: m.epoch_lease_end,
+        }),
+        max_checkpoint_seen: store.max_checkpoint_id_seen()?,
+        latest_generation_record: latest_record.map(|r| r.generation),
+        finished,
+        savepoint,
+    };
+    Ok((facts, found))
 }
 
-/// Record that `generation` starts, having restored `restored` (from `index`): create-if-absent, so
-/// that a second coordinator of the job gets `GenerationTaken` or `Superseded`.
-pub(crate) fn claim_generation(
+/// [`Step::Begin`](cutline_core::lifecycle::Step::Begin) and
+/// [`Step::NextGeneration`](cutline_core::lifecycle::Step::NextGeneration): record the generation and
+/// the epoch lease in `job.meta`. At the start of a process (`collect`), partial attempts of a previous
+/// process are garbage too. Complete checkpoints all stay until this run completes one: the newest may
+/// not verify, and then an older one is the way back.
+pub(crate) fn record_generation(
     store: &dyn CheckpointStore,
     fingerprint: &str,
     generation: Generation,
-    index: &RestoreIndex,
-    restored: Option<CheckpointId>,
-) -> Result<(), StorageError> {
-    store.claim_generation(&GenerationRecord {
+    lease_end: CheckpointId,
+    collect: bool,
+) -> Result<(), RunError> {
+    store.write_meta(&JobMeta { job_fingerprint: fingerprint.to_string(), generation, epoch_lease_end: lease_end })?;
+    if collect {
+        store.gc(usize::MAX, &[])?;
+    }
+    Ok(())
+}
+
+/// How a claim went.
+pub(crate) enum Claim {
+    /// Claimed; the newest checkpoint with a manifest listed right after.
+    Claimed(Option<CheckpointId>),
+    /// Another coordinator holds this generation or a newer one.
+    Taken(RunError),
+    /// The store failed to answer.
+    Failed(RunError),
+}
+
+/// [`Step::Claim`](cutline_core::lifecycle::Step::Claim): create the record of `generation` (only if
+/// absent) naming `restore_point`, then list the manifests again.
+pub(crate) fn claim(
+    store: &dyn CheckpointStore,
+    fingerprint: &str,
+    generation: Generation,
+    restore_point: Option<CheckpointId>,
+) -> Claim {
+    let record = GenerationRecord {
         job_fingerprint: fingerprint.to_string(),
         generation,
-        // The newest complete checkpoint this start saw, also if it was skipped as damaged: it was
-        // committed before this generation began, so it must not be fenced (a repaired checkpoint
-        // restores later); only what older generations complete from now on is.
-        restored: restored.filter(|_| index.savepoint.is_none()).into_iter().chain(index.skipped.iter().copied()).max(),
+        restored: restore_point,
         created_unix_ms: unix_ms(),
         owner: format!("{} pid {}", host_name(), std::process::id()),
-    })
-}
-
-/// Times a start begins again because another coordinator completed a checkpoint between the start's
-/// listing and its claim, before it gives up (two coordinators are running).
-pub(crate) const MAX_GAP_RETRIES: u32 = 3;
-
-/// The newest checkpoint with a manifest (complete or fenced); `None` if none or unreadable.
-pub(crate) fn newest_manifest(store: &dyn CheckpointStore) -> Option<CheckpointId> {
-    store.list_checkpoints().ok()?.iter().filter(|l| l.complete || l.fenced).map(|l| l.id).max()
-}
-
-/// After a claim: a checkpoint with a manifest above everything the start saw (`before`, what it
-/// restored or skipped), which an older coordinator committed in between.
-pub(crate) fn committed_meanwhile(
-    store: &dyn CheckpointStore,
-    before: Option<CheckpointId>,
-    index: &RestoreIndex,
-    restored: Option<CheckpointId>,
-) -> Result<Option<CheckpointId>, StorageError> {
-    let seen = before
-        .into_iter()
-        .chain(restored.filter(|_| index.savepoint.is_none()))
-        .chain(index.skipped.iter().copied())
-        .max();
-    Ok(store.list_checkpoints()?.iter().filter(|l| (l.complete || l.fenced) && Some(l.id) > seen).map(|l| l.id).max())
+    };
+    match store.claim_generation(&record) {
+        Ok(()) => {}
+        Err(e @ (StorageError::GenerationTaken { .. } | StorageError::Superseded { .. })) => {
+            return Claim::Taken(RunError::Superseded(e.to_string()))
+        }
+        Err(e) => return Claim::Failed(RunError::Storage(e)),
+    }
+    match store.list_checkpoints() {
+        Ok(l) => Claim::Claimed(l.iter().filter(|l| l.complete || l.fenced).map(|l| l.id).max()),
+        Err(e) => Claim::Failed(RunError::Storage(e)),
+    }
 }

@@ -57,10 +57,10 @@ impl TaskEnv for SimEnv<'_> {
 }
 
 pub(super) enum GenEnd {
-    Finished,
+    Finished(CheckpointId),
     /// Stopped with a savepoint: the process ends and a new one resumes from it.
     Stopped,
-    FailOver,
+    FailOver(String),
     ProcessCrash,
 }
 
@@ -238,11 +238,11 @@ pub(super) fn run_generation_sim(
             };
             match carry_out(coord, std::mem::take(&mut out), &mut ctx, &mut plane).map_err(|e| e.to_string())? {
                 Carried::Continue => {}
-                Carried::FailOver(_) => {
+                Carried::FailOver(reason) => {
                     sim.writes = writes;
-                    return Ok(GenEnd::FailOver);
+                    return Ok(GenEnd::FailOver(reason));
                 }
-                Carried::Finished(_) => return Ok(GenEnd::Finished),
+                Carried::Finished(c) => return Ok(GenEnd::Finished(c)),
                 Carried::Stopped(_) => {
                     sim.report.stopped_with_savepoint += 1;
                     return Ok(GenEnd::Stopped);

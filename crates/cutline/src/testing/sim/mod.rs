@@ -19,16 +19,21 @@ mod job;
 
 use crate::connectors::MemoryTxnStore;
 use crate::dataflow::JobGraph;
+use crate::error::TaskError;
 use crate::fault::{FaultPoint, Faults};
 use crate::runtime::deploy::{deploy, DeployOptions};
-use crate::runtime::driver::{coordinator_for, next_generation, task_metas, SnapshotJob};
-use crate::runtime::start::{claim_generation, job_id, prepare_start, restore_latest, Start};
+use crate::runtime::driver::{coordinator_for, task_metas, SnapshotJob};
+use crate::runtime::life::{drive, DeployFailure, Ended, LifeHost};
+use crate::runtime::start::job_id;
 use crate::runtime::task::Task;
-use crate::runtime::{AckReport, RunConfig};
+use crate::runtime::{AckReport, RunConfig, RunError};
+use crate::state::RestoreIndex;
 use cutline_core::barrier::CheckpointMode;
 use cutline_core::coordinator::{CheckpointConfig, Coordinator};
-use cutline_core::{CheckpointId, TimeMs};
-use cutline_storage::{FaultyStore, MemStore, StorageError, StoreOp};
+use cutline_core::lifecycle::{Cause, GenerationEnd};
+use cutline_core::restart::RestartStrategy;
+use cutline_core::{CheckpointId, Generation, TimeMs};
+use cutline_storage::{FaultyStore, MemStore, StoreOp};
 use generation::{run_generation_sim, GenEnd, NoPlane};
 use job::{expected_output, sim_job};
 use std::collections::BTreeMap;
@@ -292,18 +297,9 @@ impl Sim {
         Ok(self.report)
     }
 
+    /// One life of the simulated process: the run loop the runtime runs (`life::drive`), hosted by
+    /// the simulation, until the job ends or the process dies.
     fn process_life(&mut self) -> Result<Life, String> {
-        let cfg = self.config();
-        let start = match prepare_start(&*self.store, FINGERPRINT, None).map_err(|e| e.to_string())? {
-            Start::AlreadyFinished(_) => return Ok(Life::Finished),
-            Start::Run(s) => s,
-        };
-        if let Some(l) = self.last_triggered {
-            assert!(start.first > l, "a new process would reuse epoch {} (last triggered {l})", start.first);
-        }
-        let mut generation = start.generation;
-        let mut lease_end = start.lease_end;
-        let mut coordinator: Option<Coordinator<AckReport>> = None;
         let faults = {
             let rng = self.rng.clone();
             let ppm = self.o.fault_point_ppm;
@@ -315,73 +311,142 @@ impl Sim {
                 }
             })
         };
-        let cfg = RunConfig { faults: faults.clone(), ..cfg };
-        loop {
-            // Deploy a generation.
-            let mode = coordinator.as_ref().map(|c| c.config().mode).unwrap_or(cfg.checkpoint.mode);
-            let (index, restored) = restore_latest(&cfg, &self.graph, mode).map_err(|e| format!("restore: {e}"))?;
-            // As the runtime: establish the generation in storage. Storage faults hit the claim too
-            // (also one that lands but reports failure); then the next generation tries again.
-            match claim_generation(&*self.store, FINGERPRINT, generation, &index, restored) {
-                Ok(()) => {}
-                Err(e @ (StorageError::GenerationTaken { .. } | StorageError::Superseded { .. })) => {
-                    return Err(format!("one coordinator was fenced by its own generations: {e}"))
-                }
-                Err(_) => {
-                    self.report.failed_claims += 1;
-                    generation =
-                        next_generation(&*self.store, FINGERPRINT, generation, lease_end).map_err(|e| e.to_string())?;
-                    continue;
-                }
-            }
-            let opts = DeployOptions {
-                restore: &index,
-                faults: faults.clone(),
-                incarnation_base: generation.0 << 32,
-                job_id: job_id(FINGERPRINT),
-                batch_size: cfg.batch_size,
-                channel_capacity: cfg.channel_capacity,
-                max_channel_state_bytes: cfg.max_channel_state_bytes,
-            };
-            let deployed = match deploy(&self.graph, &opts) {
-                Ok(d) => d,
-                Err(crate::error::TaskError::Injected(_)) => {
-                    // A sink failed during recovery: a failover before the generation ran.
-                    generation =
-                        next_generation(&*self.store, FINGERPRINT, generation, lease_end).map_err(|e| e.to_string())?;
-                    continue;
-                }
-                Err(e) => return Err(format!("deploy: {e}")),
-            };
-            drop(index);
-            let metas = task_metas(&self.graph);
-            let ids = deployed.iter().map(|d| d.task.id).collect();
-            let sources = deployed.iter().filter(|d| d.task.is_source()).map(|d| d.task.id).collect();
-            let coord = coordinator_for(
-                &mut coordinator,
-                &cfg.checkpoint,
-                generation,
-                (ids, sources),
-                (start.first, lease_end),
-                restored,
-                self.now,
-                &*self.store,
-                &NoPlane,
-            );
-            let mut tasks: Vec<Option<Task>> = deployed.into_iter().map(|d| Some(d.task)).collect();
-            match run_generation_sim(self, coord, &mut tasks, &metas, generation, &mut lease_end, &cfg)? {
-                GenEnd::Finished => return Ok(Life::Finished),
-                GenEnd::ProcessCrash | GenEnd::Stopped => return Ok(Life::Crashed),
-                GenEnd::FailOver => {
-                    self.report.failovers += 1;
-                    for t in tasks.iter_mut().flatten() {
-                        t.cancel();
-                    }
-                    generation =
-                        next_generation(&*self.store, FINGERPRINT, generation, lease_end).map_err(|e| e.to_string())?;
-                }
-            }
+        let mut cfg = self.config();
+        cfg.faults = faults;
+        // The simulation never gives up: every failure is followed by a restart.
+        cfg.restart = RestartStrategy::FixedDelay { delay_ms: 1 + self.rand(5), max_attempts: u32::MAX };
+        let graph = self.graph.clone();
+        let mut host = SimHost { sim: self, cfg: &cfg, coordinator: None, tasks: None, died: None };
+        let driven = drive(&graph, &cfg, &mut host);
+        if let Some(Death::Violation(e)) = host.died.take() {
+            return Err(e);
         }
+        let Some(driven) = driven else { return Ok(Life::Crashed) };
+        match driven.end {
+            Ok(Ended::Finished(_) | Ended::AlreadyFinished(_)) => Ok(Life::Finished),
+            // Stopped with a savepoint: the process ends, and a new one resumes from it.
+            Ok(Ended::Stopped | Ended::StoppedWithSavepoint) => Ok(Life::Crashed),
+            Err(e) => Err(format!("seed {}: the run failed: {e}", self.seed)),
+        }
+    }
+}
+
+/// Why a simulated process ended before its run loop did.
+enum Death {
+    /// The simulation killed it.
+    Crash,
+    /// A checked property was violated.
+    Violation(String),
+}
+
+/// The simulation's side of the run loop: deployments are plain task values, a generation runs in
+/// the seeded scheduler, restarts wait in simulated time, and the process may die between any two
+/// steps of the loop.
+struct SimHost<'a> {
+    sim: &'a mut Sim,
+    cfg: &'a RunConfig,
+    coordinator: Option<Coordinator<AckReport>>,
+    tasks: Option<Vec<Option<Task>>>,
+    died: Option<Death>,
+}
+
+impl LifeHost for SimHost<'_> {
+    fn now(&self) -> TimeMs {
+        self.sim.now
+    }
+
+    fn mode(&self) -> CheckpointMode {
+        self.coordinator.as_ref().map(|c| c.config().mode).unwrap_or(self.cfg.checkpoint.mode)
+    }
+
+    fn deploy(
+        &mut self,
+        generation: Generation,
+        index: RestoreIndex,
+        restored: Option<CheckpointId>,
+        (first_epoch, lease_end): (CheckpointId, CheckpointId),
+    ) -> Result<(), DeployFailure> {
+        // The first epoch of a process (later generations continue its coordinator's epochs).
+        if let Some(l) = self.sim.last_triggered.filter(|_| self.coordinator.is_none()) {
+            assert!(first_epoch > l, "a new process would reuse epoch {first_epoch} (last triggered {l})");
+        }
+        let opts = DeployOptions {
+            restore: &index,
+            faults: self.cfg.faults.clone(),
+            incarnation_base: generation.0 << 32,
+            job_id: job_id(FINGERPRINT),
+            batch_size: self.cfg.batch_size,
+            channel_capacity: self.cfg.channel_capacity,
+            max_channel_state_bytes: self.cfg.max_channel_state_bytes,
+        };
+        let deployed = match deploy(&self.sim.graph, &opts) {
+            Ok(d) => d,
+            // A sink failed while opening: a failover before the generation ran.
+            Err(e @ TaskError::Injected(_)) => {
+                return Err(DeployFailure { error: RunError::Deploy(e), permanent: false })
+            }
+            Err(e) => return Err(DeployFailure { error: RunError::Deploy(e), permanent: true }),
+        };
+        let ids = deployed.iter().map(|d| d.task.id).collect();
+        let sources = deployed.iter().filter(|d| d.task.is_source()).map(|d| d.task.id).collect();
+        coordinator_for(
+            &mut self.coordinator,
+            &self.cfg.checkpoint,
+            generation,
+            (ids, sources),
+            (first_epoch, lease_end),
+            restored,
+            self.sim.now,
+            &*self.sim.store,
+            &NoPlane,
+        );
+        self.tasks = Some(deployed.into_iter().map(|d| Some(d.task)).collect());
+        Ok(())
+    }
+
+    fn run(
+        &mut self,
+        generation: Generation,
+        _recovered_after_ms: Option<u64>,
+    ) -> (GenerationEnd<RunError>, CheckpointId) {
+        let coord = self.coordinator.as_mut().expect("deployed");
+        let mut lease_end = coord.lease_end();
+        let mut tasks = self.tasks.take().expect("deployed");
+        let metas = task_metas(&self.sim.graph);
+        let end = match run_generation_sim(self.sim, coord, &mut tasks, &metas, generation, &mut lease_end, self.cfg) {
+            Ok(GenEnd::Finished(c)) => GenerationEnd::Finished(c),
+            Ok(GenEnd::Stopped) => GenerationEnd::StoppedWithSavepoint,
+            Ok(GenEnd::FailOver(reason)) => {
+                self.sim.report.failovers += 1;
+                for t in tasks.iter_mut().flatten() {
+                    t.cancel();
+                }
+                GenerationEnd::FailedOver { reason, permanent: false }
+            }
+            Ok(GenEnd::ProcessCrash) => {
+                self.died = Some(Death::Crash);
+                GenerationEnd::Stopped
+            }
+            Err(e) => {
+                self.died = Some(Death::Violation(e));
+                GenerationEnd::Stopped
+            }
+        };
+        (end, lease_end)
+    }
+
+    fn wait(&mut self, delay_ms: u64, cause: Cause) -> bool {
+        if cause == Cause::Claim {
+            self.sim.report.failed_claims += 1;
+        }
+        self.sim.now = self.sim.now.plus_ms(delay_ms);
+        false
+    }
+
+    fn log(&self, _msg: &dyn Fn() -> String) {}
+
+    fn crash_point(&mut self) -> bool {
+        self.died.is_some() || self.sim.chance(self.sim.o.process_crash_ppm / 4)
     }
 }
 
