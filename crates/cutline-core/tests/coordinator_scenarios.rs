@@ -15,7 +15,7 @@
 
 use cutline_core::barrier::{Alignment, CheckpointMode, SnapshotKind};
 use cutline_core::coordinator::{
-    AbortReason, CheckpointConfig, Coordinator, Decision, Event, Outcome, EPOCH_LEASE_BLOCK,
+    AbortReason, CheckpointConfig, Coordinator, Decision, Event, Outcome, Violation, EPOCH_LEASE_BLOCK,
 };
 use cutline_core::{CheckpointId, Generation, TaskId, TimeMs};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -141,7 +141,7 @@ impl Job {
             None,
             TimeMs(now),
         );
-        Scenario { c, now, gen: 1, tasks, sources, sender_gen: None, queue: VecDeque::new() }
+        Scenario { c, now, gen: 1, tasks, sources, sender_gen: None, queue: VecDeque::new(), refused: None }
     }
 }
 
@@ -156,6 +156,8 @@ struct Scenario {
     sender_gen: Option<u64>,
     /// Decisions made and not yet claimed by an `expect_*` step.
     queue: VecDeque<Decision<Report>>,
+    /// An event the coordinator refused, not yet claimed by `expect_refused`.
+    refused: Option<Violation>,
 }
 
 impl Scenario {
@@ -173,9 +175,20 @@ impl Scenario {
             self.now,
             self.queue
         );
+        assert!(self.refused.is_none(), "t={}: unexpected refusal {:?}", self.now, self.refused);
         let mut out = Vec::new();
-        self.c.handle(TimeMs(self.now), event, &mut out);
+        if let Err(v) = self.c.handle(TimeMs(self.now), event, &mut out) {
+            assert!(out.is_empty(), "t={}: a refused event made decisions {out:?}", self.now);
+            self.refused = Some(v);
+        }
         self.queue.extend(out);
+        self
+    }
+    /// The last event was refused as a protocol violation of `task` mentioning `what`.
+    fn expect_refused(&mut self, task: u32, what: &str) -> &mut Self {
+        let v = self.refused.take().unwrap_or_else(|| panic!("t={}: nothing was refused", self.now));
+        assert_eq!(v.task, TaskId(task), "t={}: {v}", self.now);
+        assert!(v.what.contains(what), "t={}: refusal {v:?} does not mention {what:?}", self.now);
         self
     }
     fn sender(&mut self) -> Generation {
@@ -298,6 +311,7 @@ impl Scenario {
     /// Nothing (more) was decided.
     fn quiet(&mut self) -> &mut Self {
         assert!(self.queue.is_empty(), "t={}: unexpected decisions {:?}", self.now, self.queue);
+        assert!(self.refused.is_none(), "t={}: unexpected refusal {:?}", self.now, self.refused);
         self
     }
     fn expect_trigger(&mut self, id: u64) -> &mut Self {
@@ -484,12 +498,12 @@ fn trigger_times(cfg: CheckpointConfig, takes: Option<u64>, until: u64) -> Vec<u
                     task: t,
                     report: report(1, id, t.0),
                 };
-                c.handle(TimeMs(now), ack, &mut out);
+                c.handle(TimeMs(now), ack, &mut out).unwrap();
             }
             let done = Event::ManifestCommitted { checkpoint: CheckpointId(id) };
-            c.handle(TimeMs(now), done, &mut out);
+            c.handle(TimeMs(now), done, &mut out).unwrap();
         }
-        c.handle(TimeMs(now), Event::Tick, &mut out);
+        c.handle(TimeMs(now), Event::Tick, &mut out).unwrap();
         for d in out.drain(..) {
             if let Decision::Trigger { barrier } = d {
                 times.push(now);
@@ -604,11 +618,31 @@ fn checkpoint_completes_only_after_every_ack_and_the_manifest() {
 }
 
 #[test]
-#[should_panic(expected = "acked chk-1 twice")]
 #[rustfmt::skip] // scenarios read as prose: one step per call, grouped by instant
-fn a_task_acking_twice_is_a_protocol_violation() {
+fn a_task_acking_twice_is_refused_and_counted_once_regression_assert_on_peer_events() {
+    // A second ack of one task panicked the coordinator: one stale or buggy worker ended the job.
     let mut s = job().tasks(2).start();
-    s.at(100).tick().expect_trigger(1).ack(0, 1).ack(0, 1);
+    s.at(100).tick().expect_trigger(1).ack(0, 1).quiet()
+        .ack(0, 1).expect_refused(0, "second acknowledgement").quiet()
+        .ack(1, 1).expect_commit(1);
+}
+
+#[test]
+#[rustfmt::skip] // scenarios read as prose: one step per call, grouped by instant
+fn events_the_protocol_does_not_allow_are_refused_and_change_nothing_regression_assert_on_peer_events() {
+    // Each of these panicked the coordinator.
+    let mut s = job().tasks(3).sources(1).start();
+    s.at(100).tick().expect_trigger(1)
+        .ack(7, 1).expect_refused(7, "a task gen-1 does not have")
+        .ack(0, 9).expect_refused(0, "never triggered")
+        .decline(9, 1).expect_refused(9, "a task gen-1 does not have")
+        .fail(9).expect_refused(9, "a task gen-1 does not have")
+        .source_finished(2).expect_refused(2, "not a source")
+        .task_finished(1).expect_refused(1, "before the checkpoint that ends the job")
+        .task_finished(8).expect_refused(8, "a task gen-1 does not have")
+        .quiet()
+        // Nothing of it counted: checkpoint 1 completes with the three real acks.
+        .ack_all(1).expect_commit(1);
 }
 
 #[test]
@@ -1828,7 +1862,9 @@ impl Model {
     fn feed(&mut self, ev: Event<Report>) -> usize {
         self.note(format!("t={} {ev:?}", self.now));
         let mut out = Vec::new();
-        self.c.handle(TimeMs(self.now), ev.clone(), &mut out);
+        if let Err(v) = self.c.handle(TimeMs(self.now), ev.clone(), &mut out) {
+            panic!("a legal event was refused: {v}; last steps: {:#?}", self.log);
+        }
         let n = out.len();
         self.absorb(Some(&ev), out);
         n

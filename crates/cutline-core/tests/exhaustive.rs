@@ -446,7 +446,9 @@ impl CoordinatorReplica {
     }
     fn run(c: &mut Coordinator<()>, call: &CoordinatorCall, out: &mut Vec<Decision<()>>) {
         match call {
-            CoordinatorCall::Handle(now, event) => c.handle(*now, event.clone(), out),
+            CoordinatorCall::Handle(now, event) => {
+                c.handle(*now, event.clone(), out).expect("the exhaustive model sends only legal events")
+            }
             CoordinatorCall::Restart { generation, restored, now } => {
                 c.restart(*generation, ALL_TASKS, SOURCE_TASKS, *restored, *now, out)
             }

@@ -152,7 +152,7 @@ fn admit(mut stream: TcpStream, ctx: &AdmitCtx) {
                         for e in evs {
                             e.into_events(&mut out);
                         }
-                        let _ = tx.send(RtEvent::Batch(out));
+                        let _ = tx.send(RtEvent::Batch { worker: id, events: out });
                     }
                 }
                 other => {

@@ -16,9 +16,10 @@ use crate::dataflow::JobGraph;
 use crate::error::TaskError;
 use crate::runtime::run::{run_on, Backend, DeployError, Deployed, RtEvent};
 use crate::runtime::task::Control;
-use crate::runtime::{Command, JobControl, JobHandle, RunConfig, RunError, TaskReport};
+use crate::runtime::{AckReport, Command, JobControl, JobHandle, RunConfig, RunError, TaskReport};
 use crate::state::RestoreIndex;
 use crossbeam_channel::{Receiver, Sender};
+use cutline_core::coordinator::{Event, Violation};
 use cutline_core::{CheckpointId, Generation, TaskId};
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -157,6 +158,8 @@ struct ClusterBackend {
     reports: Reports,
     /// Workers of the current generation, and which of them run sources.
     members: Vec<u32>,
+    /// The worker of every task of the current generation, by task id.
+    worker_of: Vec<u32>,
     source_workers: Vec<u32>,
     generation: Option<Generation>,
     deployed_once: bool,
@@ -220,6 +223,7 @@ impl ClusterBackend {
             events,
             reports,
             members: Vec::new(),
+            worker_of: Vec::new(),
             source_workers: Vec::new(),
             generation: None,
             deployed_once: false,
@@ -364,6 +368,7 @@ impl Backend for ClusterBackend {
             peers[*w as usize] = self.workers[w].data_addr.clone();
         }
         self.members = members.clone();
+        self.worker_of = worker_of.clone();
         self.source_workers = sources.iter().map(|t| worker_of[t.0 as usize]).collect();
         self.source_workers.sort_unstable();
         self.source_workers.dedup();
@@ -424,6 +429,44 @@ impl Backend for ClusterBackend {
         let to = if sources_only { self.source_workers.clone() } else { self.members.clone() };
         for w in to {
             self.send(w, f.clone());
+        }
+    }
+
+    fn check_origin(&self, worker: u32, event: &Event<AckReport>) -> Result<(), Violation> {
+        let (generation, task) = match event {
+            Event::Acked { generation, task, .. }
+            | Event::Declined { generation, task, .. }
+            | Event::TaskFailed { generation, task, .. }
+            | Event::SourceFinished { generation, task }
+            | Event::TaskFinished { generation, task } => (*generation, *task),
+            other => {
+                return Err(Violation {
+                    task: TaskId(u32::MAX),
+                    what: format!("a coordinator's own event from a worker ({other:?})"),
+                })
+            }
+        };
+        // Events of other generations are the coordinator's to ignore.
+        if Some(generation) != self.generation {
+            return Ok(());
+        }
+        match self.worker_of.get(task.0 as usize) {
+            Some(w) if *w == worker => Ok(()),
+            Some(w) => Err(Violation { task, what: format!("an event of a task placed on worker {w}") }),
+            None => Err(Violation { task, what: "an event of a task the job does not have".into() }),
+        }
+    }
+
+    fn refuse(&mut self, worker: Option<u32>, violation: Violation) -> String {
+        match worker {
+            Some(w) => {
+                let who = self.workers.get(&w).map(|c| c.name.clone()).unwrap_or_default();
+                let why = format!("it broke the protocol: {violation}");
+                self.drop_worker(w, why.clone());
+                self.lost.take();
+                format!("worker {w} ({who}) was dropped: {why}")
+            }
+            None => format!("{violation} (a bug in cutline: please report it with the job that triggers it)"),
         }
     }
 

@@ -387,7 +387,7 @@ fn session(
                 let ev = match ev {
                     RtEvent::Coord(e) => e,
                     RtEvent::Failed { generation, task, error } => Event::TaskFailed { generation, task, reason: error },
-                    RtEvent::Batch(_) => unreachable!("only the coordinator's readers batch events"),
+                    RtEvent::Batch { .. } => unreachable!("only the coordinator's readers batch events"),
                 };
                 g.acks.on_event(now, ev, &mut to_send);
             },

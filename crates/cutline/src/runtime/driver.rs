@@ -8,6 +8,7 @@
 
 use super::error::RunError;
 use super::report::{AckReport, CheckpointSummary};
+use super::run::own;
 use super::task::{Control, SnapshotTimings};
 use crate::dataflow::{EdgeKind, JobGraph};
 use crate::fault::{FaultPoint, Faults};
@@ -192,7 +193,7 @@ pub(crate) fn carry_out(
                     epoch_lease_end: lease_end,
                 })?;
                 *ctx.lease_end = lease_end;
-                coord.handle(plane.now(), Event::LeaseExtended { lease_end }, &mut out);
+                own(coord.handle(plane.now(), Event::LeaseExtended { lease_end }, &mut out));
             }
             Decision::Trigger { barrier } => {
                 if barrier.kind.is_savepoint() {
@@ -259,11 +260,13 @@ pub(crate) fn carry_out(
                         if kind.is_savepoint() {
                             ctx.savepoints.push(SavepointEvent::Completed { checkpoint });
                         }
-                        coord.handle(plane.now(), Event::ManifestCommitted { checkpoint }, &mut out);
+                        own(coord.handle(plane.now(), Event::ManifestCommitted { checkpoint }, &mut out));
                     }
-                    Err(e) => {
-                        coord.handle(plane.now(), Event::ManifestFailed { checkpoint, reason: e.to_string() }, &mut out)
-                    }
+                    Err(e) => own(coord.handle(
+                        plane.now(),
+                        Event::ManifestFailed { checkpoint, reason: e.to_string() },
+                        &mut out,
+                    )),
                 }
             }
             Decision::NotifyComplete { checkpoint } => {

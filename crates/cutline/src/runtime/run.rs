@@ -20,7 +20,7 @@ use crate::error::TaskError;
 use crate::state::RestoreIndex;
 use crossbeam_channel::{Receiver, Sender};
 use cutline_core::barrier::CheckpointMode;
-use cutline_core::coordinator::{CheckpointConfig, Coordinator, Event};
+use cutline_core::coordinator::{CheckpointConfig, Coordinator, Event, Violation};
 use cutline_core::lifecycle::{Cause, GenerationEnd};
 use cutline_core::{CheckpointId, Generation, TaskId, TimeMs};
 use cutline_storage::CheckpointStore;
@@ -29,8 +29,12 @@ use std::time::{Duration, Instant};
 
 pub(crate) enum RtEvent {
     Coord(Event<AckReport>),
-    /// Several events in order (a worker's message): one wake-up of the coordinator loop for all.
-    Batch(Vec<Event<AckReport>>),
+    /// Several events in order from one worker (one message): one wake-up of the coordinator loop
+    /// for all.
+    Batch {
+        worker: u32,
+        events: Vec<Event<AckReport>>,
+    },
     Failed {
         generation: Generation,
         task: TaskId,
@@ -293,18 +297,24 @@ fn run_generation(
     let outcome = loop {
         // Ticks come every `tick` whether or not events keep arriving.
         crossbeam_channel::select! {
-            recv(ev_rx) -> ev => match ev {
-                Ok(RtEvent::Coord(e)) => coord.handle(plane.now(), e, &mut out),
-                Ok(RtEvent::Batch(events)) => {
-                    let now = plane.now();
-                    for e in events {
-                        coord.handle(now, e, &mut out);
-                    }
+            recv(ev_rx) -> ev => {
+                let now = plane.now();
+                // An event the protocol does not allow is its sender's fault: the backend holds the
+                // sender responsible (a worker is dropped) and the generation fails over.
+                let refused = match ev {
+                    Ok(RtEvent::Coord(e)) => coord.handle(now, e, &mut out).err().map(|v| plane.backend.refuse(None, v)),
+                    Ok(RtEvent::Batch { worker, events }) => events.into_iter().find_map(|e| {
+                        plane.backend.check_origin(worker, &e).and_then(|()| coord.handle(now, e, &mut out)).err()
+                    }).map(|v| plane.backend.refuse(Some(worker), v)),
+                    Ok(RtEvent::Failed { generation: g, task, error }) => coord
+                        .handle(now, Event::TaskFailed { generation: g, task, reason: error }, &mut out)
+                        .err()
+                        .map(|v| plane.backend.refuse(None, v)),
+                    Err(_) => None,
+                };
+                if let Some(reason) = refused {
+                    break GenerationOutcome::FailedOver(reason);
                 }
-                Ok(RtEvent::Failed { generation: g, task, error }) => {
-                    coord.handle(plane.now(), Event::TaskFailed { generation: g, task, reason: error }, &mut out)
-                }
-                Err(_) => {}
             },
             recv(cmd_rx) -> c => match c {
                 Ok(Command::Stop) => break GenerationOutcome::Stopped,
@@ -330,7 +340,7 @@ fn run_generation(
                         let _ = reply.send(Err("no savepoint directory: name one, or set RunConfig::savepoint_dir".into()));
                     } else {
                         *savepoint = Some(SavepointRequest { stop, target, reply, checkpoint: None, done: None });
-                        coord.handle(plane.now(), Event::SavepointRequested { stop }, &mut out);
+                        own(coord.handle(plane.now(), Event::SavepointRequested { stop }, &mut out));
                     }
                 }
                 Ok(Command::Metrics(reply)) => {
@@ -357,7 +367,7 @@ fn run_generation(
             if let Some(reason) = plane.backend.check() {
                 break GenerationOutcome::FailedOver(reason);
             }
-            coord.handle(plane.now(), Event::Tick, &mut out);
+            own(coord.handle(plane.now(), Event::Tick, &mut out));
         }
         if out.is_empty() {
             continue;
@@ -491,6 +501,17 @@ pub(crate) trait Backend {
     fn check(&mut self) -> Option<String> {
         None
     }
+    /// Is `event`, which `worker` sent, about a task placed on that worker? (Only clusters have workers.)
+    fn check_origin(&self, worker: u32, event: &Event<AckReport>) -> Result<(), Violation> {
+        let _ = (worker, event);
+        Ok(())
+    }
+    /// `violation` came from `worker`, or from a task of this process (`None`): hold the sender
+    /// responsible. Returns the reason of the failover that follows.
+    fn refuse(&mut self, worker: Option<u32>, violation: Violation) -> String {
+        let _ = worker;
+        format!("{violation} (a bug in cutline: please report it with the job that triggers it)")
+    }
     /// Flow-control figures per task, for metrics.
     fn task_reports(&self, names: &[String]) -> Vec<TaskReport>;
     /// Stop every task of the current generation and wait until they are gone.
@@ -526,5 +547,12 @@ impl ControlPlane for LogOnly<'_> {
     }
     fn log(&self, msg: &dyn Fn() -> String) {
         log(self.0, msg)
+    }
+}
+
+/// An event the runtime itself produced: the protocol always allows it (a refusal is a bug here).
+pub(crate) fn own(r: Result<(), Violation>) {
+    if let Err(v) = r {
+        panic!("the runtime's own event was refused: {v}");
     }
 }

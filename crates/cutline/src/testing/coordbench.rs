@@ -228,7 +228,7 @@ fn run(cfg: &CoordBench, store: &MemStore) -> CoordBenchResult {
         // Time passes; a checkpoint triggers.
         plane.now = plane.now.plus_ms(INTERVAL_MS);
         let sends_before = plane.sends;
-        coord.handle(plane.now, Event::Tick, &mut out);
+        coord.handle(plane.now, Event::Tick, &mut out).expect("a tick");
         let carried = carry_out(&mut coord, std::mem::take(&mut out), &mut ctx, &mut plane).expect("trigger");
         assert!(matches!(carried, Carried::Continue));
         let id = plane.triggered.take().expect("a tick one interval after the last checkpoint triggers");
@@ -251,7 +251,7 @@ fn run(cfg: &CoordBench, store: &MemStore) -> CoordBenchResult {
         let t1 = Instant::now();
         while let Ok(events) = loop_rx.try_recv() {
             for e in events {
-                coord.handle(plane.now, e, &mut out);
+                coord.handle(plane.now, e, &mut out).expect("the protocol allows every ack");
             }
         }
         let t2 = Instant::now();

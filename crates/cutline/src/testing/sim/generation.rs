@@ -221,7 +221,9 @@ pub(super) fn run_generation_sim(
         // Quiescent? Flush everything so that partial batches cannot stall the job.
         // Feed events to the coordinator and carry out its decisions.
         while let Some(SimEvent::Coord(e)) = events.pop_front() {
-            coord.handle(sim.now, e, &mut out);
+            coord
+                .handle(sim.now, e, &mut out)
+                .map_err(|v| format!("seed {}: a task broke the protocol: {v}", sim.seed))?;
             if out.is_empty() {
                 continue;
             }

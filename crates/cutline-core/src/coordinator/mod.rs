@@ -9,7 +9,13 @@
 //! The acknowledgement payload `R` (the task's state handle) is opaque here; the coordinator only
 //! collects it and hands it back in [`Decision::CommitManifest`].
 
-use crate::barrier::{Alignment, Barrier, CheckpointMode, SnapshotKind};
+mod config;
+mod types;
+
+pub use config::CheckpointConfig;
+pub use types::{AbortReason, CheckpointStats, Decision, Event, Outcome, Violation};
+
+use crate::barrier::{Barrier, CheckpointMode, SnapshotKind};
 use crate::ids::{CheckpointId, Generation, TaskId, TimeMs};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -18,204 +24,6 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 pub const EPOCH_LEASE_BLOCK: u64 = 10_000;
 /// How many finished checkpoints' statistics the coordinator keeps.
 pub const STATS_HISTORY: usize = 256;
-
-/// Checkpointing settings. Defaults are documented on each field.
-#[derive(Clone, Debug, PartialEq)]
-pub struct CheckpointConfig {
-    /// Time between checkpoint triggers; `None` turns periodic checkpoints off (the final checkpoint
-    /// at end of input is still taken). Default 1000 ms.
-    pub interval_ms: Option<u64>,
-    /// A checkpoint not complete this long after its trigger is aborted. Default 60 000 ms.
-    pub timeout_ms: u64,
-    /// Minimum time between the end of one checkpoint and the trigger of the next. Default 0.
-    pub min_pause_ms: u64,
-    /// Checkpoints in flight at once. Default 1.
-    pub max_concurrent: usize,
-    /// Consecutive failed checkpoints (timeout, a task's decline, a failed manifest write) tolerated
-    /// before the job fails over. Aborts caused by a failover, and subsumed checkpoints, do not count.
-    /// Default 3.
-    pub tolerable_failures: u32,
-    /// Alignment mode carried by barriers. Default exactly-once.
-    pub mode: CheckpointMode,
-    /// Exactly-once checkpoints are unaligned: barriers overtake queued records, which are persisted as
-    /// channel state, so a checkpoint does not wait for a backlog. Default false. Savepoints are always
-    /// aligned.
-    pub unaligned: bool,
-    /// An aligned checkpoint that a task has been aligning for this long switches to unaligned at that
-    /// task (and downstream). Default off.
-    pub alignment_timeout_ms: Option<u64>,
-    /// An aligned checkpoint whose blocked inputs at a task hold more than this many bytes switches to
-    /// unaligned there. Default off.
-    pub max_aligned_bytes: Option<u64>,
-}
-
-impl Default for CheckpointConfig {
-    fn default() -> Self {
-        CheckpointConfig {
-            interval_ms: Some(1000),
-            timeout_ms: 60_000,
-            min_pause_ms: 0,
-            max_concurrent: 1,
-            tolerable_failures: 3,
-            mode: CheckpointMode::ExactlyOnce,
-            unaligned: false,
-            alignment_timeout_ms: None,
-            max_aligned_bytes: None,
-        }
-    }
-}
-
-impl CheckpointConfig {
-    /// Reject settings that cannot work, with a message that says what to change.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.interval_ms == Some(0) {
-            return Err("checkpoint interval must be positive (or off)".into());
-        }
-        if self.timeout_ms == 0 {
-            return Err("checkpoint timeout must be positive".into());
-        }
-        if self.max_concurrent == 0 {
-            return Err("max concurrent checkpoints must be at least 1".into());
-        }
-        if self.mode == CheckpointMode::AtLeastOnce
-            && (self.unaligned || self.alignment_timeout_ms.is_some() || self.max_aligned_bytes.is_some())
-        {
-            return Err("unaligned checkpoints and alignment limits apply to exactly-once mode; at-least-once never blocks an input".into());
-        }
-        Ok(())
-    }
-
-    /// How the barriers of a checkpoint of `kind` align under these settings. Only periodic
-    /// checkpoints may be unaligned: savepoints must be self-contained and portable, and after the
-    /// checkpoint that ends the input (final, stop-with-savepoint) no later checkpoint would commit
-    /// the sink output of records it overtook.
-    pub fn alignment_for(&self, kind: SnapshotKind) -> Alignment {
-        if kind != SnapshotKind::Checkpoint || self.mode == CheckpointMode::AtLeastOnce {
-            Alignment::Aligned
-        } else if self.unaligned {
-            Alignment::Unaligned
-        } else if self.alignment_timeout_ms.is_some() || self.max_aligned_bytes.is_some() {
-            Alignment::AlignedWithTimeout {
-                timeout_ms: self.alignment_timeout_ms.unwrap_or(u64::MAX),
-                max_blocked_bytes: self.max_aligned_bytes.unwrap_or(u64::MAX),
-            }
-        } else {
-            Alignment::Aligned
-        }
-    }
-}
-
-/// Inputs to the coordinator.
-#[derive(Clone, Debug)]
-pub enum Event<R> {
-    /// Time passed; periodic triggers and timeouts are evaluated.
-    Tick,
-    /// A task's part of `checkpoint` is durable.
-    Acked { generation: Generation, checkpoint: CheckpointId, task: TaskId, report: R },
-    /// A task could not take its part of `checkpoint` (for example a storage write failed).
-    Declined { generation: Generation, checkpoint: CheckpointId, task: TaskId, reason: String },
-    /// A task died.
-    TaskFailed { generation: Generation, task: TaskId, reason: String },
-    /// A bounded source read its last record.
-    SourceFinished { generation: Generation, task: TaskId },
-    /// A task saw end of input everywhere, its final checkpoint is complete and its sinks committed.
-    TaskFinished { generation: Generation, task: TaskId },
-    /// The manifest asked for by [`Decision::CommitManifest`] is durable: the checkpoint is complete.
-    ManifestCommitted { checkpoint: CheckpointId },
-    /// The manifest write failed (it may or may not be durable; storage is the judge at restore).
-    ManifestFailed { checkpoint: CheckpointId, reason: String },
-    /// The lease asked for by [`Decision::ExtendLease`] is durable.
-    LeaseExtended { lease_end: CheckpointId },
-    /// The user asks for a savepoint now; with `stop`, the job stops once it is complete.
-    SavepointRequested { stop: bool },
-}
-
-/// Why a checkpoint was aborted.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AbortReason {
-    Timeout {
-        missing: Vec<TaskId>,
-    },
-    Declined {
-        task: TaskId,
-        reason: String,
-    },
-    ManifestFailed(String),
-    /// A newer checkpoint completed first.
-    Subsumed {
-        by: CheckpointId,
-    },
-    /// The job is failing over.
-    FailOver,
-}
-
-impl std::fmt::Display for AbortReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AbortReason::Timeout { missing } => write!(f, "timed out waiting for {missing:?}"),
-            AbortReason::Declined { task, reason } => write!(f, "declined by {task}: {reason}"),
-            AbortReason::ManifestFailed(r) => write!(f, "manifest write failed: {r}"),
-            AbortReason::Subsumed { by } => write!(f, "subsumed by {by}"),
-            AbortReason::FailOver => f.write_str("aborted by a failover"),
-        }
-    }
-}
-
-impl AbortReason {
-    /// Does this abort count against [`CheckpointConfig::tolerable_failures`]?
-    pub fn counts_as_failure(&self) -> bool {
-        matches!(self, AbortReason::Timeout { .. } | AbortReason::Declined { .. } | AbortReason::ManifestFailed(_))
-    }
-}
-
-/// Outputs of the coordinator, to be carried out by the runtime in order.
-#[derive(Clone, Debug)]
-pub enum Decision<R> {
-    /// Durably record that epochs below `lease_end` may be issued, then report [`Event::LeaseExtended`].
-    ExtendLease { lease_end: CheckpointId },
-    /// Inject this barrier at every source task.
-    Trigger { barrier: Barrier },
-    /// Every task acked: write the manifest (the commit point), then report the outcome.
-    CommitManifest { checkpoint: CheckpointId, kind: SnapshotKind, generation: Generation, reports: Vec<(TaskId, R)> },
-    /// The checkpoint is complete: tell every task (sinks commit everything up to it) and collect garbage.
-    NotifyComplete { checkpoint: CheckpointId },
-    /// Tell tasks the checkpoint will never complete and discard its partial artifacts.
-    Abort { checkpoint: CheckpointId, reason: AbortReason },
-    /// Tear the job down and restore it from the latest complete checkpoint.
-    FailOver { reason: String },
-    /// The final checkpoint (or the savepoint of a stop-with-savepoint) is complete and every task
-    /// finished: the job is done (`kind` Final) or stopped (`kind` StopSavepoint).
-    JobFinished { checkpoint: CheckpointId, kind: SnapshotKind },
-    /// A savepoint request cannot be carried out now.
-    SavepointRejected { reason: String },
-}
-
-/// How a checkpoint ended, for statistics.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Completed,
-    Aborted(AbortReason),
-}
-
-/// Statistics of one finished checkpoint attempt.
-#[derive(Clone, Debug)]
-pub struct CheckpointStats {
-    pub checkpoint: CheckpointId,
-    pub kind: SnapshotKind,
-    pub triggered_at: TimeMs,
-    pub ended_at: TimeMs,
-    pub outcome: Outcome,
-    /// The task whose acknowledgement came last (or is still missing): the one that held it up.
-    pub slowest_task: Option<TaskId>,
-    /// Acknowledgements received.
-    pub acked: usize,
-}
-
-impl CheckpointStats {
-    pub fn duration_ms(&self) -> u64 {
-        self.ended_at.saturating_sub(self.triggered_at)
-    }
-}
 
 #[derive(Debug)]
 struct Pending<R> {
@@ -384,21 +192,34 @@ impl<R: Clone> Coordinator<R> {
         }
     }
 
-    /// Feed one event at time `now`; decisions are appended to `out`.
-    pub fn handle(&mut self, now: TimeMs, event: Event<R>, out: &mut Vec<Decision<R>>) {
+    /// Feed one event at time `now`; decisions are appended to `out`. An event from a task that the
+    /// protocol does not allow is refused with a [`Violation`] and changes nothing: the runtime holds
+    /// its sender responsible. Events the runtime itself produces (ticks, manifest and lease outcomes)
+    /// that break the protocol are bugs of the runtime, and panic.
+    pub fn handle(&mut self, now: TimeMs, event: Event<R>, out: &mut Vec<Decision<R>>) -> Result<(), Violation> {
         match event {
             Event::Tick => self.on_tick(now, out),
             Event::Acked { generation, checkpoint, task, report } => {
                 if generation != self.generation {
-                    return; // a late message from an older generation
+                    return Ok(()); // a late message from an older generation
                 }
-                assert!(self.tasks.contains(&task), "ack from unknown {task}");
-                assert!(checkpoint < self.next_id, "ack for {checkpoint}, never triggered");
+                let violation = |what: String| Err(Violation { task, what });
+                if !self.tasks.contains(&task) {
+                    return violation(format!(
+                        "an acknowledgement of {checkpoint} from a task {} does not have",
+                        self.generation
+                    ));
+                }
+                if checkpoint >= self.next_id {
+                    return violation(format!("an acknowledgement of {checkpoint}, which was never triggered"));
+                }
                 let Some(p) = self.pending.get_mut(&checkpoint) else {
-                    return; // aborted or subsumed meanwhile
+                    return Ok(()); // aborted or subsumed meanwhile
                 };
-                let prev = p.acks.insert(task, (report, now));
-                assert!(prev.is_none(), "{task} acked {checkpoint} twice");
+                if p.acks.contains_key(&task) {
+                    return violation(format!("a second acknowledgement of {checkpoint}"));
+                }
+                p.acks.insert(task, (report, now));
                 if p.acks.len() == self.tasks.len() && !p.committing {
                     p.committing = true;
                     let reports = p.acks.iter().map(|(t, (r, _))| (*t, r.clone())).collect();
@@ -411,11 +232,17 @@ impl<R: Clone> Coordinator<R> {
                 }
             }
             Event::Declined { generation, checkpoint, task, reason } => {
+                if generation == self.generation && !self.tasks.contains(&task) {
+                    return Err(Violation {
+                        task,
+                        what: format!("a decline of {checkpoint} from a task {} does not have", self.generation),
+                    });
+                }
                 if generation != self.generation || !self.pending.contains_key(&checkpoint) {
-                    return;
+                    return Ok(());
                 }
                 if self.pending[&checkpoint].committing {
-                    return; // every task already acked; a stray decline cannot undo that
+                    return Ok(()); // every task already acked; a stray decline cannot undo that
                 }
                 let is_final = self.pending[&checkpoint].barrier.kind.ends_input();
                 let why = format!(
@@ -428,25 +255,42 @@ impl<R: Clone> Coordinator<R> {
                 }
             }
             Event::TaskFailed { generation, task, reason } => {
+                if generation == self.generation && !self.tasks.contains(&task) {
+                    return Err(Violation {
+                        task,
+                        what: format!("the failure of a task {} does not have", self.generation),
+                    });
+                }
                 if generation != self.generation || self.phase == Phase::FailingOver || self.phase == Phase::Finished {
-                    return;
+                    return Ok(());
                 }
                 self.fail_over(now, format!("{task} failed: {reason}"), out);
             }
             Event::SourceFinished { generation, task } => {
                 if generation != self.generation {
-                    return;
+                    return Ok(());
                 }
-                assert!(self.sources.contains(&task), "{task} is not a source");
+                if !self.sources.contains(&task) {
+                    return Err(Violation { task, what: "end of input of a task that is not a source".into() });
+                }
                 self.finished_sources.insert(task);
                 self.on_tick(now, out);
             }
             Event::TaskFinished { generation, task } => {
                 if generation != self.generation || self.phase == Phase::FailingOver {
-                    return; // sent before the failover was decided
+                    return Ok(()); // sent before the failover was decided
+                }
+                if !self.tasks.contains(&task) {
+                    return Err(Violation {
+                        task,
+                        what: format!("the end of a task {} does not have", self.generation),
+                    });
                 }
                 let Phase::Draining(final_id) = self.phase else {
-                    panic!("{task} finished before the final checkpoint completed (phase {:?})", self.phase);
+                    return Err(Violation {
+                        task,
+                        what: "it finished before the checkpoint that ends the job completed".into(),
+                    });
                 };
                 self.finished_tasks.insert(task);
                 if self.finished_tasks.len() == self.tasks.len() {
@@ -457,7 +301,7 @@ impl<R: Clone> Coordinator<R> {
             Event::ManifestCommitted { checkpoint } => self.on_committed(checkpoint, now, out),
             Event::ManifestFailed { checkpoint, reason } => {
                 let Some(p) = self.pending.get(&checkpoint) else {
-                    return;
+                    return Ok(());
                 };
                 assert!(p.committing, "manifest outcome for {checkpoint}, which was not committing");
                 let is_final = p.barrier.kind.ends_input();
@@ -478,6 +322,7 @@ impl<R: Clone> Coordinator<R> {
             }
             Event::SavepointRequested { stop } => self.savepoint(now, stop, out),
         }
+        Ok(())
     }
 
     fn on_tick(&mut self, now: TimeMs, out: &mut Vec<Decision<R>>) {
@@ -570,7 +415,9 @@ impl<R: Clone> Coordinator<R> {
         }
         if !self.lease_requested {
             self.lease_requested = true;
-            out.push(Decision::ExtendLease { lease_end: CheckpointId(self.lease_end.0 + EPOCH_LEASE_BLOCK) });
+            out.push(Decision::ExtendLease {
+                lease_end: CheckpointId(self.lease_end.0.saturating_add(EPOCH_LEASE_BLOCK)),
+            });
         }
         false
     }
