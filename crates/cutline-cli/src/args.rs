@@ -43,9 +43,6 @@ pub(crate) struct WordcountArgs {
     /// input being processed.
     #[arg(long, default_value_t = 0)]
     pub(crate) line_delay_us: u64,
-    /// Print a line per checkpoint and failure.
-    #[arg(long, short)]
-    pub(crate) verbose: bool,
     /// Put checkpoints here instead of in the state directory: `s3://BUCKET/PREFIX` on an
     /// S3-compatible store (endpoint and credentials from CUTLINE_S3_ENDPOINT / AWS_* variables;
     /// needs a build with `--features s3`), or another directory. The state directory keeps the admin

@@ -22,7 +22,7 @@ pub(crate) fn worker(
 
 /// A local cluster: the coordinator and `workers` worker processes of this binary, each restarted
 /// when it dies before the job is over.
-pub(crate) fn launch_cluster(workers: usize, job: &[String]) -> Result<()> {
+pub(crate) fn launch_cluster(workers: usize, job: &[String], verbose: bool) -> Result<()> {
     use std::process::{Child, Command};
     if workers == 0 {
         bail!("--workers must be at least 1");
@@ -70,10 +70,14 @@ pub(crate) fn launch_cluster(workers: usize, job: &[String]) -> Result<()> {
     if !job.iter().any(|a| a == "--secret-file") {
         coord_args.extend(["--secret-file".into(), secret_s.clone()]);
     }
-    let start_coord = || Command::new(&exe).args(&coord_args).spawn().context("cannot start the coordinator");
+    // The processes it starts log as verbosely as it does.
+    let level = verbose.then_some((crate::logging::LEVEL_VAR, "info"));
+    let start_coord =
+        || Command::new(&exe).args(&coord_args).envs(level).spawn().context("cannot start the coordinator");
     let start_worker = || {
         Command::new(&exe)
             .args(["worker", "--join", &addr, "--secret-file", &secret_s])
+            .envs(level)
             .spawn()
             .context("cannot start a worker")
     };

@@ -28,7 +28,6 @@ pub(crate) fn demo(dir: Option<PathBuf>) -> Result<()> {
     }
     println!("cutline demo: counting words of {} ({} bytes) into {}", input.display(), text.len(), output.display());
     let (graph, mut cfg) = wordcount_config(&input, &output, &state, 2, "50ms", "exactly-once", 200, None, None)?;
-    cfg.verbose = true;
     cfg.batch_size = 64;
     // One injected crash: the first sink commit after the second completed checkpoint fails.
     let commits = Arc::new(std::sync::atomic::AtomicU64::new(0));

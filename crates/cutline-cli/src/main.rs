@@ -7,7 +7,7 @@ mod args;
 mod bench;
 mod cluster_cmd;
 mod demo;
-
+mod logging;
 mod run;
 
 use admin_cmd::{list_checkpoints, savepoint, status, tune};
@@ -22,6 +22,10 @@ use std::path::PathBuf;
 #[derive(Parser)]
 #[command(name = "cutline", version, about = "A stream-processing engine whose checkpoints are consistent cuts")]
 struct Cli {
+    /// Show informational events too (every checkpoint, restore and restart), not only warnings and
+    /// errors. `CUTLINE_LOG_FORMAT=json` prints every event as a JSON object with its fields.
+    #[arg(long, short, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -179,6 +183,8 @@ enum Cmd {
 
 fn main() {
     let cli = Cli::parse();
+    // The demo's point is to show the checkpoints, the failure and the restore.
+    logging::init(cli.verbose || matches!(cli.cmd, Cmd::Demo { .. }));
     let result = match cli.cmd {
         Cmd::Run { job: RunJob::Wordcount(args) } => run_wordcount(&args),
         Cmd::Demo { dir } => demo(dir),
@@ -190,7 +196,7 @@ fn main() {
         Cmd::Worker { join, secret_file, listen, advertise, rejoin_timeout } => {
             worker(join, secret_file.as_deref(), listen, advertise, &rejoin_timeout)
         }
-        Cmd::Cluster { workers, job } => launch_cluster(workers, &job),
+        Cmd::Cluster { workers, job } => launch_cluster(workers, &job, cli.verbose),
         Cmd::BenchCoordinator { tasks, workers, checkpoints } => bench_coordinator(tasks, &workers, checkpoints),
         Cmd::Bench {
             events,

@@ -139,7 +139,6 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
         a.checkpoint_store.as_deref(),
     )?;
     cfg.checkpoint = checkpoint;
-    cfg.verbose = a.verbose;
     if a.line_delay_us > 0 {
         cfg.batch_size = 64;
     }
@@ -148,8 +147,9 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
         std::path::absolute(&savepoint_dir).with_context(|| format!("--savepoint-dir {}", savepoint_dir.display()))?,
     );
     if cfg.from_savepoint.is_some() && cfg.store.latest_complete().ok().flatten().is_some() {
-        eprintln!(
-            "cutline: {} already holds checkpoints of this job: the run resumes from its latest checkpoint, not from the savepoint",
+        tracing::warn!(
+            event = "savepoint_ignored",
+            "{} already holds checkpoints of this job: the run resumes from its latest checkpoint, not from the savepoint",
             a.state.display()
         );
     }
@@ -191,18 +191,17 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
     let server = match handle.checkpoint_config() {
         Ok(_) => match admin::serve(handle.control(), &socket) {
             Ok(server) => {
-                if a.verbose {
-                    let shown = std::path::absolute(&socket).unwrap_or(socket.clone());
-                    eprintln!(
-                        "cutline: admin socket {} (cutline status|tune|savepoint --state {})",
-                        shown.display(),
-                        a.state.display()
-                    );
-                }
+                let shown = std::path::absolute(&socket).unwrap_or(socket.clone());
+                tracing::info!(
+                    event = "admin_socket",
+                    "admin socket {} (cutline status|tune|savepoint --state {})",
+                    shown.display(),
+                    a.state.display()
+                );
                 Some(server)
             }
             Err(e @ AdminError::PathTooLong { .. }) => {
-                eprintln!("cutline: WARNING: running without an admin socket: {e}");
+                tracing::warn!(event = "no_admin_socket", "running without an admin socket: {e}");
                 None
             }
             Err(e) => {

@@ -43,9 +43,11 @@ pub(crate) fn accept_workers(listener: TcpListener, ctx: Arc<AdmitCtx>, closing:
         let Ok(stream) = stream else { continue };
         if ctx.handshakes.fetch_add(1, Ordering::SeqCst) >= MAX_PENDING_HANDSHAKES {
             ctx.handshakes.fetch_sub(1, Ordering::SeqCst);
-            eprintln!(
-                "cutline: refused a connection from {}: {MAX_PENDING_HANDSHAKES} handshakes already in progress",
-                stream.peer_addr().map(|a| a.to_string()).unwrap_or_default()
+            let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+            tracing::warn!(
+                event = "connection_refused",
+                peer = %peer,
+                "refused a connection from {peer}: {MAX_PENDING_HANDSHAKES} handshakes already in progress"
             );
             continue;
         }
@@ -73,13 +75,16 @@ fn admit(mut stream: TcpStream, ctx: &AdmitCtx) {
     let hello = match hello {
         Ok(h) => h,
         Err(e) => {
-            eprintln!("cutline: refused a connection from {peer}: {e}");
+            tracing::warn!(event = "connection_refused", peer = %peer, reason = %e, "refused a connection from {peer}: {e}");
             return;
         }
     };
     if hello.version != version() {
-        eprintln!(
-            "cutline: refused worker {} at {peer}: it runs cutline {}, this coordinator {}; run the same version everywhere",
+        tracing::warn!(
+            event = "connection_refused",
+            peer = %peer,
+            reason = "version",
+            "refused worker {} at {peer}: it runs cutline {}, this coordinator {}; run the same version everywhere",
             hello.name,
             hello.version,
             version()

@@ -164,7 +164,6 @@ struct ClusterBackend {
     generation: Option<Generation>,
     deployed_once: bool,
     clock: Instant,
-    verbose: bool,
     closing: Arc<AtomicBool>,
     /// The address the listener is bound to (to wake its thread at shutdown).
     listen_addr: Option<SocketAddr>,
@@ -187,7 +186,6 @@ impl ClusterBackend {
             max_channel_state_bytes: cfg.max_channel_state_bytes,
             snapshot_writers: cfg.snapshot_writers as u32,
             max_frame_bytes: cluster.max_frame_bytes,
-            verbose: cfg.verbose,
         };
         let job = JobInfo {
             args: cluster.job_args.clone(),
@@ -213,9 +211,12 @@ impl ClusterBackend {
             .name("cutline-accept".into())
             .spawn(move || accept_workers(listener, Arc::new(ctx), closing2))
             .map_err(RunError::Spawn)?;
-        if cfg.verbose {
-            eprintln!("cutline: coordinator waiting for {} worker(s) on {}", cluster.workers, cluster.listen);
-        }
+        tracing::info!(
+            event = "waiting_for_workers",
+            "coordinator waiting for {} worker(s) on {}",
+            cluster.workers,
+            cluster.listen
+        );
         Ok(ClusterBackend {
             cluster,
             inbox,
@@ -228,17 +229,10 @@ impl ClusterBackend {
             generation: None,
             deployed_once: false,
             clock,
-            verbose: cfg.verbose,
             closing,
             listen_addr,
             lost: None,
         })
-    }
-
-    fn log(&self, msg: impl FnOnce() -> String) {
-        if self.verbose {
-            eprintln!("cutline: {}", msg());
-        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -257,7 +251,7 @@ impl ClusterBackend {
 
     fn drop_worker(&mut self, w: u32, why: String) {
         if let Some(c) = self.workers.remove(&w) {
-            eprintln!("cutline: worker {w} ({}) lost: {why}", c.name);
+            tracing::warn!(event = "worker_lost", worker = w, reason = %why, "worker {w} ({}) lost: {why}", c.name);
             let _ = c.stream.shutdown(Shutdown::Both);
             if self.members.contains(&w) {
                 self.lost.get_or_insert(format!("worker {w} lost: {why}"));
@@ -272,7 +266,13 @@ impl ClusterBackend {
         while let Ok(m) = self.inbox.try_recv() {
             match m {
                 Inbox::Joined(w, conn) => {
-                    self.log(|| format!("worker {w} ({}) joined, data plane at {}", conn.name, conn.data_addr));
+                    tracing::info!(
+                        event = "worker_joined",
+                        worker = w,
+                        "worker {w} ({}) joined, data plane at {}",
+                        conn.name,
+                        conn.data_addr
+                    );
                     self.workers.insert(w, conn);
                 }
                 Inbox::Lost(w, why) => {
@@ -322,7 +322,10 @@ impl ClusterBackend {
                 break;
             }
             if self.deployed_once && live >= min && waited >= self.cluster.replacement_wait_ms {
-                self.log(|| format!("running on {live} of {all} workers (no replacement within {waited} ms)"));
+                tracing::warn!(
+                    event = "fewer_workers",
+                    "running on {live} of {all} workers (no replacement within {waited} ms)"
+                );
                 break;
             }
             if waited >= self.cluster.join_timeout_ms {
@@ -333,7 +336,7 @@ impl ClusterBackend {
             }
             if last_log.elapsed() > Duration::from_secs(5) {
                 last_log = Instant::now();
-                eprintln!("cutline: waiting for workers: {live} of {all} joined");
+                tracing::info!(event = "waiting_for_workers", "waiting for workers: {live} of {all} joined");
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -388,7 +391,7 @@ impl Backend for ClusterBackend {
         for w in &members {
             self.send(*w, f.clone());
         }
-        self.log(|| format!("{generation}: deploying on workers {members:?}"));
+        tracing::info!(event = "deploying", gen = %generation, "{generation}: deploying on workers {members:?}");
         self.deployed_once = true;
         let deadline = Instant::now() + Duration::from_millis(self.cluster.deploy_timeout_ms);
         let mut pending: Vec<u32> = members.clone();

@@ -59,7 +59,7 @@ impl Drop for Link {
 
 fn fail(failure: &LinkFailure, closing: &AtomicBool, what: String) {
     if !closing.load(Ordering::SeqCst) {
-        eprintln!("cutline: {what}");
+        tracing::warn!(event = "link_failed", "{what}");
         failure.lock().expect("link failure").get_or_insert(what);
     }
 }

@@ -49,7 +49,6 @@ pub(crate) struct WorkerSettings {
     pub max_channel_state_bytes: u64,
     pub snapshot_writers: u32,
     pub max_frame_bytes: u32,
-    pub verbose: bool,
 }
 
 /// The job a coordinator runs: the arguments workers build the dataflow from, its fingerprint (the

@@ -107,15 +107,19 @@ pub fn run_worker(cfg: WorkerConfig, build: &JobBuilder, open_store: &StoreOpene
         };
         match session(stream, &secret, &name, &data_addr, &inbound, build, open_store, &mut job_cache) {
             Ok(SessionEnd::Shutdown(reason)) => {
-                eprintln!("cutline: worker exits: {reason}");
+                tracing::info!(event = "worker_exit", "worker exits: {reason}");
                 return Ok(());
             }
             Ok(SessionEnd::Lost(why)) => {
-                eprintln!("cutline: worker lost its coordinator ({why}); its tasks stopped, joining again");
+                tracing::warn!(
+                    event = "coordinator_lost",
+                    reason = %why,
+                    "worker lost its coordinator ({why}); its tasks stopped, joining again"
+                );
                 gone_since = Some(Instant::now());
             }
             Err(e) => {
-                eprintln!("cutline: worker: {e}");
+                tracing::warn!(event = "join_failed", reason = %e, "worker: {e}");
                 let since = *gone_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > Duration::from_millis(cfg.rejoin_timeout_ms) {
                     return Err(e);
@@ -148,7 +152,11 @@ fn accept_links(listener: TcpListener, secret: Secret, inbound: Inbound) {
         let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
         if pending.fetch_add(1, Ordering::SeqCst) >= MAX_PENDING_HANDSHAKES {
             pending.fetch_sub(1, Ordering::SeqCst);
-            eprintln!("cutline: refused a data connection from {peer}: too many handshakes in progress");
+            tracing::warn!(
+                event = "connection_refused",
+                peer = %peer,
+                "refused a data connection from {peer}: too many handshakes in progress"
+            );
             continue;
         }
         let (inbound, secret, pending) = (inbound.clone(), secret.clone(), pending.clone());
@@ -160,7 +168,12 @@ fn accept_links(listener: TcpListener, secret: Secret, inbound: Inbound) {
             let hello = match hello {
                 Ok(h) => h,
                 Err(e) => {
-                    eprintln!("cutline: refused a data connection from {peer}: {e}");
+                    tracing::warn!(
+                        event = "connection_refused",
+                        peer = %peer,
+                        reason = %e,
+                        "refused a data connection from {peer}: {e}"
+                    );
                     return;
                 }
             };
@@ -234,8 +247,10 @@ fn session(
         ));
     }
     let store = open_store(&state).map_err(|e| format!("cannot open the checkpoint storage {state}: {e}"))?;
-    eprintln!(
-        "cutline: worker {me} joined the coordinator at {}",
+    tracing::info!(
+        event = "joined",
+        worker = me,
+        "worker {me} joined the coordinator at {}",
         stream.peer_addr().map(|a| a.to_string()).unwrap_or_default()
     );
 

@@ -220,13 +220,14 @@ fn deploy_here(
     )
     .map_err(|e| DeployError::Retry(e.to_string()))?;
     let metrics = local_tasks.iter().zip(names).zip(spawned).map(|((t, n), (m, p))| (*t, n, m, p)).collect();
-    if settings.verbose {
-        eprintln!(
-            "cutline: worker {me}: {generation} runs {} task(s), {} data link(s)",
-            local_tasks.len(),
-            links.len()
-        );
-    }
+    tracing::info!(
+        event = "deployed",
+        worker = me,
+        gen = %generation,
+        "worker {me}: {generation} runs {} task(s), {} data link(s)",
+        local_tasks.len(),
+        links.len()
+    );
     Ok(LocalGeneration {
         generation,
         threads,

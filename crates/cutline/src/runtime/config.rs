@@ -39,8 +39,6 @@ pub struct RunConfig {
     pub faults: Faults,
     /// How often the coordinator evaluates triggers and timeouts (default 1 ms).
     pub tick_ms: u64,
-    /// Print a line per checkpoint, failure and restart to stderr.
-    pub verbose: bool,
     /// Limit of the in-flight records one task persists for one unaligned checkpoint; above it the
     /// task declines the checkpoint (default 256 MiB).
     pub max_channel_state_bytes: u64,
@@ -67,7 +65,6 @@ impl RunConfig {
             snapshot_writers: 1,
             faults: Faults::none(),
             tick_ms: DEFAULT_TICK_MS,
-            verbose: false,
             max_channel_state_bytes: DEFAULT_MAX_CHANNEL_STATE_BYTES,
             from_savepoint: None,
             savepoint_dir: None,

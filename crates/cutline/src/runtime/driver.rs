@@ -107,7 +107,6 @@ pub(crate) trait ControlPlane {
     fn committed(&mut self, _checkpoint: CheckpointId) -> Result<(), RunError> {
         Ok(())
     }
-    fn log(&self, _msg: &dyn Fn() -> String) {}
 }
 
 /// What a generation's decisions came to.
@@ -156,6 +155,7 @@ pub(crate) struct DriverCtx<'a> {
 #[derive(Default)]
 pub(crate) struct CheckpointLog {
     pending: HashMap<CheckpointId, CheckpointSummary>,
+    /// Completed checkpoints, oldest first, at most [`CHECKPOINTS_KEPT`].
     pub done: Vec<CheckpointSummary>,
     /// Checkpoints that failed (not those aborted by a failover or subsumed), oldest first, at most
     /// [`FAILED_CHECKPOINTS_KEPT`].
@@ -165,6 +165,9 @@ pub(crate) struct CheckpointLog {
 
 /// Failed checkpoints a run keeps the reasons of.
 pub const FAILED_CHECKPOINTS_KEPT: usize = 100;
+/// Completed checkpoints a run keeps the statistics of (the most recent; a run that checkpoints every
+/// 100 ms for a day would otherwise keep 864,000).
+pub const CHECKPOINTS_KEPT: usize = 1_000;
 
 /// Why a checkpoint failed, with the tasks that held it up named.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -278,22 +281,33 @@ pub(crate) fn carry_out(
                     sum.duration_ms = s.duration_ms();
                     sum.slowest_task =
                         s.slowest_task.and_then(|t| stats.task_names.get(t.0 as usize).cloned()).unwrap_or_default();
-                    plane.log(&|| {
-                        format!(
-                            "{} {} complete in {} ms: {} bytes ({} in flight), alignment {} ms, start delay {} ms, persist {} ms (encode {} us, write {} us), {} unaligned task(s) ({} switched), last ack from {}",
-                            if sum.is_savepoint { "savepoint" } else { "checkpoint" },
-                            sum.checkpoint, sum.duration_ms, sum.bytes, sum.channel_state_bytes, sum.alignment_ms, sum.start_delay_ms, sum.persist_ms, sum.encode_us, sum.write_us, sum.unaligned_tasks, sum.switched_tasks, sum.slowest_task
-                        )
-                    });
+                    tracing::info!(
+                        event = "checkpoint_complete",
+                        chk = %sum.checkpoint,
+                        savepoint = sum.is_savepoint,
+                        duration_ms = sum.duration_ms,
+                        bytes = sum.bytes,
+                        in_flight_bytes = sum.channel_state_bytes,
+                        unaligned_tasks = sum.unaligned_tasks,
+                        switched_tasks = sum.switched_tasks,
+                        "{} {} complete in {} ms: {} bytes ({} in flight), alignment {} ms, start delay {} ms, persist {} ms (encode {} us, write {} us), {} unaligned task(s) ({} switched), last ack from {}",
+                        if sum.is_savepoint { "savepoint" } else { "checkpoint" },
+                        sum.checkpoint, sum.duration_ms, sum.bytes, sum.channel_state_bytes, sum.alignment_ms, sum.start_delay_ms, sum.persist_ms, sum.encode_us, sum.write_us, sum.unaligned_tasks, sum.switched_tasks, sum.slowest_task
+                    );
+                    if stats.done.len() == CHECKPOINTS_KEPT {
+                        stats.done.remove(0);
+                    }
                     stats.done.push(sum);
                 }
                 plane.send_all(Control::Complete(checkpoint), false);
                 // Retention that fails (an object store that is down) costs disk space, not
                 // correctness: the next completion runs it again.
                 if let Err(e) = ctx.store.gc(ctx.retain, &coord.pending()) {
-                    plane.log(&|| {
-                        format!("retention after {checkpoint} failed ({e}); it runs again after the next checkpoint")
-                    });
+                    tracing::warn!(
+                        event = "retention_failed",
+                        chk = %checkpoint,
+                        "retention after {checkpoint} failed ({e}); it runs again after the next checkpoint"
+                    );
                 }
             }
             Decision::Abort { checkpoint, reason } => {
@@ -312,18 +326,18 @@ pub(crate) fn carry_out(
                         }
                         other => other.to_string(),
                     };
-                    plane.log(&|| format!("checkpoint {checkpoint} failed: {readable}"));
+                    tracing::warn!(event = "checkpoint_failed", chk = %checkpoint, "checkpoint {checkpoint} failed: {readable}");
                     if ctx.stats.failed.len() == FAILED_CHECKPOINTS_KEPT {
                         ctx.stats.failed.remove(0);
                     }
                     ctx.stats.failed.push(FailedCheckpoint { checkpoint, reason: readable, held_up_by });
                 } else {
-                    plane.log(&|| format!("checkpoint {checkpoint} aborted: {reason}"));
+                    tracing::info!(event = "checkpoint_aborted", chk = %checkpoint, "checkpoint {checkpoint} aborted: {reason}");
                 }
                 ctx.savepoints.push(SavepointEvent::Aborted { checkpoint, reason: reason.to_string() });
                 ctx.stats.pending.remove(&checkpoint);
                 plane.send_all(Control::Abort(checkpoint), false);
-                discard(ctx.store, checkpoint, plane);
+                discard(ctx.store, checkpoint);
             }
             Decision::FailOver { reason } => return Ok(Carried::FailOver(reason)),
             Decision::JobFinished { checkpoint, kind } => {
@@ -342,10 +356,10 @@ pub(crate) fn carry_out(
 
 /// Remove the artifacts of an aborted checkpoint; storage refuses if its manifest did land, and
 /// retention removes what a failed discard leaves.
-pub(crate) fn discard(store: &dyn CheckpointStore, checkpoint: CheckpointId, plane: &dyn ControlPlane) {
+pub(crate) fn discard(store: &dyn CheckpointStore, checkpoint: CheckpointId) {
     match store.discard(checkpoint) {
         Ok(()) | Err(StorageError::DiscardComplete(_)) => {}
-        Err(e) => plane.log(&|| format!("could not discard {checkpoint}: {e} (retention will)")),
+        Err(e) => tracing::warn!(chk = %checkpoint, "could not discard {checkpoint}: {e} (retention will)"),
     }
 }
 
@@ -361,7 +375,6 @@ pub(crate) fn coordinator_for<'a>(
     restored: Option<CheckpointId>,
     now: TimeMs,
     store: &dyn CheckpointStore,
-    plane: &dyn ControlPlane,
 ) -> &'a mut Coordinator<AckReport> {
     let (ids, sources) = tasks;
     let (first, lease_end) = epochs;
@@ -374,7 +387,7 @@ pub(crate) fn coordinator_for<'a>(
             c.restart(generation, ids, sources, restored, now, &mut out);
             for d in out {
                 if let Decision::Abort { checkpoint, .. } = d {
-                    discard(store, checkpoint, plane);
+                    discard(store, checkpoint);
                 }
             }
             c

@@ -38,8 +38,6 @@ pub(crate) trait LifeHost {
     ) -> (GenerationEnd<RunError>, CheckpointId);
     /// Wait `delay_ms` before a restart; `true` if a stop was requested meanwhile.
     fn wait(&mut self, delay_ms: u64, cause: Cause) -> bool;
-    /// A line for the operator (verbose runs).
-    fn log(&self, msg: &dyn Fn() -> String);
     /// The simulation's process may die here, before a step; a real process never does on purpose.
     fn crash_point(&mut self) -> bool {
         false
@@ -100,8 +98,8 @@ pub(crate) fn drive(graph: &JobGraph, cfg: &RunConfig, host: &mut dyn LifeHost) 
             Step::Restore { generation } => match restore_latest(cfg, graph, host.mode()) {
                 Ok((ix, restored)) => {
                     match restored.checkpoint {
-                        Some(r) => host.log(&|| format!("{generation}: restoring checkpoint {r}")),
-                        None => host.log(&|| format!("{generation}: starting from scratch (no complete checkpoint)")),
+                        Some(r) => tracing::info!(event = "restore", gen = %generation, chk = %r, "{generation}: restoring checkpoint {r}"),
+                        None => tracing::info!(event = "restore", gen = %generation, "{generation}: starting from scratch (no complete checkpoint)"),
                     }
                     index = Some(ix);
                     LifeEvent::Restored(restored)
@@ -118,7 +116,12 @@ pub(crate) fn drive(graph: &JobGraph, cfg: &RunConfig, host: &mut dyn LifeHost) 
                 Claim::Failed(e) => LifeEvent::Transient(e),
             },
             Step::Release { generation, committed } => {
-                host.log(&|| format!("{generation}: checkpoint {committed} completed while starting; starting over"));
+                tracing::warn!(
+                    event = "start_over",
+                    gen = %generation,
+                    chk = %committed,
+                    "{generation}: checkpoint {committed} completed while starting; starting over"
+                );
                 index = None;
                 match store.release_generation(generation) {
                     Ok(()) => LifeEvent::Released,
@@ -137,8 +140,8 @@ pub(crate) fn drive(graph: &JobGraph, cfg: &RunConfig, host: &mut dyn LifeHost) 
                 LifeEvent::GenerationEnded { end, lease_end }
             }
             Step::Wait { delay_ms, attempt, reason, cause } => {
-                host.log(&|| format!("failing over: {reason}"));
-                host.log(&|| format!("restart attempt {attempt} in {delay_ms} ms"));
+                tracing::warn!(event = "failover", reason = %reason, "failing over: {reason}");
+                tracing::info!(event = "restart", attempt, delay_ms, "restart attempt {attempt} in {delay_ms} ms");
                 if host.wait(delay_ms, cause) {
                     LifeEvent::StopRequested
                 } else {
@@ -159,7 +162,7 @@ pub(crate) fn drive(graph: &JobGraph, cfg: &RunConfig, host: &mut dyn LifeHost) 
                     RunEnd::StoppedWithSavepoint => Ok(Ended::StoppedWithSavepoint),
                     RunEnd::Failed(f) => {
                         if let RunFailure::GaveUp { last, .. } | RunFailure::Permanent { reason: last } = &f {
-                            host.log(&|| format!("failing over: {last}"));
+                            tracing::error!(event = "gave_up", reason = %last, "failing over: {last}; no restart");
                         }
                         Err(run_error(f, store.describe(), found_job.take(), fp))
                     }

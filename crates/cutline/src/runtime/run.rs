@@ -42,12 +42,6 @@ pub(crate) enum RtEvent {
     },
 }
 
-pub(crate) fn log(cfg: &RunConfig, msg: impl Fn() -> String) {
-    if cfg.verbose {
-        eprintln!("cutline: {}", msg());
-    }
-}
-
 /// Run `graph` with its tasks wherever `backend` puts them (threads here, or worker processes).
 pub(crate) fn run_on(
     graph: &JobGraph,
@@ -84,7 +78,7 @@ pub(crate) fn run_on(
     report.failed_checkpoints = std::mem::take(&mut host.stats.failed);
     match driven.end? {
         Ended::AlreadyFinished(c) => {
-            log(&cfg, || format!("job already finished with checkpoint {c}; nothing to do"));
+            tracing::info!(event = "already_finished", chk = %c, "job already finished with checkpoint {c}; nothing to do");
             Ok(JobReport { already_finished: true, final_checkpoint: Some(c), ..Default::default() })
         }
         Ended::Finished(c) => {
@@ -156,7 +150,6 @@ impl LifeHost for RunHost<'_> {
             restored,
             now,
             &*self.cfg.store,
-            &LogOnly(self.cfg),
         );
         self.deployed = Some((deployed, ev_rx));
         Ok(())
@@ -203,10 +196,6 @@ impl LifeHost for RunHost<'_> {
     fn wait(&mut self, delay_ms: u64, _cause: Cause) -> bool {
         let current = self.coordinator.as_ref().map(|c| c.config().clone()).unwrap_or(self.cfg.checkpoint.clone());
         wait_answering(self.commands, Duration::from_millis(delay_ms), &current)
-    }
-
-    fn log(&self, msg: &dyn Fn() -> String) {
-        log(self.cfg, msg)
     }
 }
 
@@ -279,7 +268,7 @@ fn run_generation(
 ) -> Result<GenerationOutcome, RunError> {
     let store = cfg.store.clone();
     stats.task_names = deployed.names.clone();
-    let mut plane = BackendPlane { backend, started, cfg };
+    let mut plane = BackendPlane { backend, started };
     let mut ctx = DriverCtx {
         store: &*store,
         fingerprint: &cfg.job_fingerprint,
@@ -319,7 +308,7 @@ fn run_generation(
             recv(cmd_rx) -> c => match c {
                 Ok(Command::Stop) => break GenerationOutcome::Stopped,
                 Ok(Command::SetCheckpointConfig(config, reply)) => {
-                    plane.log(&|| format!("new checkpoint settings: {config:?}"));
+                    tracing::info!(event = "settings", "new checkpoint settings: {config:?}");
                     let _ = reply.send(coord.set_config(config));
                 }
                 Ok(Command::CheckpointConfig(reply)) => {
@@ -329,7 +318,7 @@ fn run_generation(
                     let mut config = coord.config().clone();
                     let result = edit(&mut config).and_then(|()| coord.set_config(config)).map(|()| coord.config().clone());
                     if let Ok(c) = &result {
-                        plane.log(&|| format!("new checkpoint settings: {c:?}"));
+                        tracing::info!(event = "settings", "new checkpoint settings: {c:?}");
                     }
                     let _ = reply.send(result);
                 }
@@ -375,7 +364,7 @@ fn run_generation(
         ctx.unix_ms = unix_ms();
         let carried = carry_out(coord, std::mem::take(&mut out), &mut ctx, &mut plane)?;
         for ev in ctx.savepoints.drain(..) {
-            answer_savepoint(savepoint, ev, cfg, &*store, &plane);
+            answer_savepoint(savepoint, ev, cfg, &*store);
         }
         match carried {
             Carried::Continue => {}
@@ -413,7 +402,6 @@ fn answer_savepoint(
     ev: SavepointEvent,
     cfg: &RunConfig,
     store: &dyn CheckpointStore,
-    plane: &dyn ControlPlane,
 ) {
     let Some(sp) = slot.as_mut() else { return };
     match ev {
@@ -421,7 +409,13 @@ fn answer_savepoint(
             assert_eq!(stop, sp.stop);
             assert!(sp.checkpoint.is_none(), "one savepoint request triggered twice");
             sp.checkpoint = Some(checkpoint);
-            plane.log(&|| format!("savepoint {checkpoint} triggered{}", if stop { " (stop)" } else { "" }));
+            tracing::info!(
+                event = "savepoint_triggered",
+                chk = %checkpoint,
+                stop,
+                "savepoint {checkpoint} triggered{}",
+                if stop { " (stop)" } else { "" }
+            );
         }
         SavepointEvent::Completed { checkpoint } if sp.checkpoint == Some(checkpoint) => {
             let target = sp.target.clone().unwrap_or_else(|| {
@@ -439,9 +433,13 @@ fn answer_savepoint(
                 )
             });
             if let Ok(info) = &result {
-                plane.log(&|| {
-                    format!("savepoint {checkpoint} exported to {} ({} bytes)", info.path.display(), info.bytes)
-                });
+                tracing::info!(
+                    event = "savepoint_exported",
+                    chk = %checkpoint,
+                    "savepoint {checkpoint} exported to {} ({} bytes)",
+                    info.path.display(),
+                    info.bytes
+                );
                 sp.done = Some(info.clone());
             }
             let _ = sp.reply.send(result);
@@ -522,7 +520,6 @@ pub(crate) trait Backend {
 struct BackendPlane<'a> {
     backend: &'a mut dyn Backend,
     started: Instant,
-    cfg: &'a RunConfig,
 }
 
 impl ControlPlane for BackendPlane<'_> {
@@ -531,22 +528,6 @@ impl ControlPlane for BackendPlane<'_> {
     }
     fn now(&self) -> TimeMs {
         TimeMs(self.started.elapsed().as_millis() as u64)
-    }
-    fn log(&self, msg: &dyn Fn() -> String) {
-        log(self.cfg, msg)
-    }
-}
-
-/// A control plane with no tasks, for logging outside a generation.
-struct LogOnly<'a>(&'a RunConfig);
-
-impl ControlPlane for LogOnly<'_> {
-    fn send_all(&mut self, _c: Control, _sources_only: bool) {}
-    fn now(&self) -> TimeMs {
-        TimeMs(0)
-    }
-    fn log(&self, msg: &dyn Fn() -> String) {
-        log(self.0, msg)
     }
 }
 

@@ -100,12 +100,22 @@ pub(crate) fn restore_latest(
     }
     let choice = choose_restore(candidates);
     for (id, reason) in &choice.skipped {
-        eprintln!("cutline: WARNING: checkpoint {id} does not verify ({reason}); falling back to an older one");
+        tracing::warn!(
+            event = "checkpoint_skipped",
+            chk = %id,
+            "checkpoint {id} does not verify ({reason}); falling back to an older one"
+        );
     }
     if choice.checkpoint.is_none() && choice.skipped.is_empty() {
         if let Some(path) = &cfg.from_savepoint {
             let sp = super::savepoint::open(path).map_err(RunError::Savepoint)?;
-            eprintln!("cutline: starting from savepoint {} (checkpoint {})", path.display(), sp.checkpoint);
+            tracing::info!(
+                event = "from_savepoint",
+                chk = %sp.checkpoint,
+                "starting from savepoint {} (checkpoint {})",
+                path.display(),
+                sp.checkpoint
+            );
             let (mut index, _) = load_checkpoint(&sp.store, graph, &cfg.job_fingerprint, sp.checkpoint)?;
             index.duplicates_allowed = mode == CheckpointMode::AtLeastOnce;
             index.savepoint = Some(path.clone());

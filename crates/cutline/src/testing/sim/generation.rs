@@ -254,16 +254,6 @@ pub(super) fn run_generation_sim(
     }
 }
 
-/// No tasks to reach (aborts carried out between generations).
-pub(super) struct NoPlane;
-
-impl ControlPlane for NoPlane {
-    fn send_all(&mut self, _c: Control, _sources_only: bool) {}
-    fn now(&self) -> TimeMs {
-        TimeMs(0)
-    }
-}
-
 /// The simulation's control plane: a FIFO queue of control messages per task, delivered by the
 /// scheduler; every epoch triggered is checked to be new, every committed checkpoint to be a cut.
 struct SimPlane<'a> {

@@ -34,7 +34,7 @@ use cutline_core::lifecycle::{Cause, GenerationEnd};
 use cutline_core::restart::RestartStrategy;
 use cutline_core::{CheckpointId, Generation, TimeMs};
 use cutline_storage::{FaultyStore, MemStore, StoreOp};
-use generation::{run_generation_sim, GenEnd, NoPlane};
+use generation::{run_generation_sim, GenEnd};
 use job::{expected_output, sim_job};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -398,7 +398,6 @@ impl LifeHost for SimHost<'_> {
             restored,
             self.sim.now,
             &*self.sim.store,
-            &NoPlane,
         );
         self.tasks = Some(deployed.into_iter().map(|d| Some(d.task)).collect());
         Ok(())
@@ -442,8 +441,6 @@ impl LifeHost for SimHost<'_> {
         self.sim.now = self.sim.now.plus_ms(delay_ms);
         false
     }
-
-    fn log(&self, _msg: &dyn Fn() -> String) {}
 
     fn crash_point(&mut self) -> bool {
         self.died.is_some() || self.sim.chance(self.sim.o.process_crash_ppm / 4)
