@@ -2,7 +2,7 @@
 //! failures (worth a retry) and everything else. It does not retry, log, or decide what the engine does
 //! about a failure: callers do.
 
-use crate::format::FileKind;
+use crate::kind::FileKind;
 use cutline_core::{CheckpointId, Generation};
 use std::io::ErrorKind;
 use std::path::PathBuf;

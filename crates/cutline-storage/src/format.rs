@@ -11,9 +11,9 @@
 //! version. Readers dispatch on it and keep a path for every version ever written.
 
 use crate::error::StorageError;
+pub use crate::kind::FileKind;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::fmt;
 use std::path::Path;
 
 /// The first four bytes of every cutline file.
@@ -25,31 +25,6 @@ const V1_HEADER_LEN: usize = 16;
 const CRC_LEN: usize = 4;
 /// What errors about a buffer that did not come from a file name instead of a path.
 const IN_MEMORY: &str = "<in-memory frame>";
-
-/// What a file holds. Closed: a reader rejects a kind it does not expect.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u16)]
-pub enum FileKind {
-    TaskState = 1,
-    Manifest = 2,
-    JobMeta = 3,
-    Finished = 4,
-    /// A [`crate::GenerationRecord`]: which coordinator started a generation, and from where.
-    GenerationRecord = 5,
-}
-
-impl fmt::Display for FileKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = match self {
-            FileKind::TaskState => "task state",
-            FileKind::Manifest => "manifest",
-            FileKind::JobMeta => "job meta",
-            FileKind::Finished => "finished marker",
-            FileKind::GenerationRecord => "generation record",
-        };
-        f.write_str(name)
-    }
-}
 
 /// Frames `payload` as a file of `kind` in the current [`FORMAT_VERSION`].
 pub fn encode_frame(kind: FileKind, payload: &[u8]) -> Vec<u8> {

@@ -4,7 +4,7 @@
 //! listing against a model of the rule.
 
 use super::{dir_of, manifest_of_generation, Harness};
-use crate::store::generation_path;
+use crate::store::layout::generation_path;
 use crate::{CheckpointListing, CheckpointStore, GenerationRecord, LocalDirStore, Manifest, StorageError};
 use cutline_core::{CheckpointId, Generation, OperatorId, SubtaskIndex};
 use std::collections::BTreeMap;

@@ -131,5 +131,5 @@ pub(crate) fn manifest_of_generation(id: u64, generation: u64, tasks: Vec<TaskSt
 }
 
 pub(crate) fn dir_of(id: u64) -> String {
-    crate::store::checkpoint_dir(CheckpointId(id))
+    crate::store::layout::checkpoint_dir(CheckpointId(id))
 }
