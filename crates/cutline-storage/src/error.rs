@@ -174,3 +174,29 @@ impl StorageError {
         StorageError::Io { path: path.into(), op, source }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cutline_core::CheckpointId;
+    use std::io::Error;
+
+    #[test]
+    fn only_interrupted_io_and_injected_failures_are_transient() {
+        let io = |kind| StorageError::io("p", "read", Error::from(kind));
+        let cases = [
+            (io(ErrorKind::Interrupted), true),
+            (io(ErrorKind::TimedOut), true),
+            (io(ErrorKind::WouldBlock), true),
+            (StorageError::Injected("drill".into()), true),
+            (io(ErrorKind::NotFound), false),
+            (io(ErrorKind::PermissionDenied), false),
+            (StorageError::BadMagic { path: "p".into() }, false),
+            (StorageError::ChecksumMismatch { path: "p".into(), expected: 1, actual: 2 }, false),
+            (StorageError::ManifestExists(CheckpointId(1)), false),
+        ];
+        for (err, transient) in cases {
+            assert_eq!(err.is_transient(), transient, "{err}");
+        }
+    }
+}
