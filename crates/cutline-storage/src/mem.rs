@@ -58,6 +58,12 @@ impl MemStore {
         self.lock().insert(path.to_string(), bytes.to_vec());
     }
 
+    /// Removes a file bypassing the store semantics (a file a user deleted or moved by hand); whether
+    /// there was one.
+    pub fn raw_remove(&self, path: &str) -> bool {
+        self.lock().remove(path).is_some()
+    }
+
     /// A panic in a test holding the lock must not hide the store from the next assertion.
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Vec<u8>>> {
         self.files.lock().unwrap_or_else(|e| e.into_inner())

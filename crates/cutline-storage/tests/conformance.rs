@@ -60,6 +60,19 @@ impl Harness for LocalHarness {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, bytes).unwrap();
     }
+    /// Also removes the directories it leaves empty, as moving or deleting a directory by hand would
+    /// (and as prefixes vanish with their last object on S3).
+    fn remove_raw(&self, path: &str) {
+        let path = self.root.join(path);
+        std::fs::remove_file(&path).unwrap();
+        let mut dir = path.parent();
+        while let Some(d) = dir.filter(|d| *d != self.root.join("checkpoints") && d.starts_with(&self.root)) {
+            if std::fs::remove_dir(d).is_err() {
+                break; // not empty
+            }
+            dir = d.parent();
+        }
+    }
     fn get_raw(&self, path: &str) -> Option<Vec<u8>> {
         std::fs::read(self.root.join(path)).ok()
     }
@@ -107,6 +120,9 @@ impl Harness for MemHarness {
     }
     fn put_raw(&self, path: &str, bytes: &[u8]) {
         self.store.raw_put(path, bytes)
+    }
+    fn remove_raw(&self, path: &str) {
+        assert!(self.store.raw_remove(path), "mem: no file {path}");
     }
     fn get_raw(&self, path: &str) -> Option<Vec<u8>> {
         self.store.raw_get(path)

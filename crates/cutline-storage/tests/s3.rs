@@ -119,6 +119,10 @@ impl Raw {
         })
     }
 
+    fn remove(&self, rel: &str) {
+        self.runtime.block_on(self.store.delete(&self.key(rel))).unwrap();
+    }
+
     /// Every object under the prefix, relative to it, sorted (a walk of delimited listings).
     fn files(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -171,6 +175,9 @@ impl Harness for S3Harness {
     }
     fn put_raw(&self, path: &str, bytes: &[u8]) {
         self.raw.put(path, bytes)
+    }
+    fn remove_raw(&self, path: &str) {
+        self.raw.remove(path)
     }
     fn get_raw(&self, path: &str) -> Option<Vec<u8>> {
         self.raw.get(path)
@@ -250,7 +257,7 @@ fn a_missing_bucket_is_a_clear_permanent_error_never_an_empty_store() {
     let store = S3Store::open(config.clone()).unwrap();
     let a = write(&store, 1, "op", 0, b"x");
     let raw = Raw::new(&config);
-    raw.runtime.block_on(raw.store.delete(&raw.key(&a.file))).unwrap();
+    raw.remove(&a.file);
     assert!(matches!(raw_http(&config, "DELETE", &format!("/{bucket}")), 200 | 204), "delete bucket");
     let err = store.read_task_state(&a).unwrap_err();
     let (status, transient, attempts) = remote_parts(&err);

@@ -52,9 +52,9 @@ impl Files for S3Store {
         let key = self.key(rel)?;
         let payload = PutPayload::from(bytes.to_vec());
         let create = || self.store.put_opts(&key, payload.clone(), PutOptions::from(PutMode::Create));
-        let mut last_conflict = None;
-        for _ in 0..self.retry.attempts {
-            let failure = match self.retrying(create) {
+        let mut conflicts = 0;
+        loop {
+            let mut failure = match self.retrying(create) {
                 Ok(_) => return Ok(true),
                 Err(f) if matches!(f.error, object_store::Error::AlreadyExists { .. }) => f,
                 Err(f) => return Err(self.failed("create", rel, f)),
@@ -66,13 +66,15 @@ impl Files for S3Store {
                 Some(existing) if failure.earlier_maybe_applied && existing == bytes => return Ok(true),
                 Some(_) => return Ok(false),
                 // 409: a conditional write met a concurrent delete, and the object is not there.
-                None => last_conflict = Some(failure),
+                None => {}
+            }
+            conflicts += 1;
+            if conflicts >= self.retry.attempts {
+                failure.class.transient = true;
+                return Err(self.failed("create", rel, failure));
             }
             std::thread::sleep(jitter(self.retry.initial_backoff));
         }
-        let mut f = last_conflict.expect("at least one attempt");
-        f.class.transient = true;
-        Err(self.failed("create", rel, f))
     }
 
     fn list(&self, dir: &str) -> Result<Vec<Entry>, StorageError> {

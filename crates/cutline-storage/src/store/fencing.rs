@@ -161,9 +161,10 @@ impl Fences {
                 }
             }
         }
-        match damaged {
-            Some(i) => Err(self.records.swap_remove(i).1.expect_err("a damaged record")),
-            None => Ok(None),
+        // Only indices of damaged records are kept in `damaged`, so the `Err` arm always matches.
+        match damaged.map(|i| self.records.swap_remove(i).1) {
+            Some(Err(damage)) => Err(damage),
+            _ => Ok(None),
         }
     }
 }

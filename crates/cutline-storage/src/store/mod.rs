@@ -78,19 +78,22 @@ pub trait CheckpointStore: Send + Sync {
     /// record names); a store without generation records costs what it did before them.
     fn list_checkpoints(&self) -> Result<Vec<CheckpointListing>, StorageError>;
 
-    /// Reads and decodes the manifest of `id`, fenced or not.
+    /// Reads and decodes the manifest of `id`, fenced or not. [`StorageError::MisplacedManifest`]
+    /// (corruption) if the manifest in `id`'s directory names another checkpoint: a checkpoint
+    /// directory was renamed or copied by hand.
     fn read_manifest(&self, id: CheckpointId) -> Result<Manifest, StorageError>;
 
     /// Reads the manifest of `id` and every file it references, checking sizes and checksums.
-    /// [`StorageError::Fenced`] if the checkpoint is fenced (its files are not read then).
+    /// [`StorageError::Fenced`] if the checkpoint is fenced (its files are not read then); the errors of
+    /// [`CheckpointStore::read_manifest`] if its manifest cannot be read or is misplaced.
     fn verify(&self, id: CheckpointId) -> Result<Manifest, StorageError>;
 
     /// Removes an attempt without a manifest (aborted or partial); files that a complete manifest
     /// references are kept. Refuses a complete checkpoint; discarding an absent one succeeds.
     fn discard(&self, id: CheckpointId) -> Result<(), StorageError>;
 
-    /// Retention: keeps the `retain` (at least 1) latest complete checkpoints (fenced ones do not
-    /// count and are removed) and the attempts in `in_flight`, removes every other checkpoint directory
+    /// Retention: keeps the `retain` (at least 1; 0 panics) latest complete checkpoints (fenced ones do
+    /// not count and are removed) and the attempts in `in_flight`, removes every other checkpoint directory
     /// and leftover temporary files, and never removes a file that a retained manifest references.
     /// Then removes the generation records that can no longer fence a stored checkpoint: those below
     /// the lowest generation of the retained manifests, always keeping the newest two records (and

@@ -69,6 +69,9 @@ pub fn read_task_state<F: Files>(fs: &F, handle: &TaskStateHandle) -> Result<Vec
 
 pub fn commit_manifest<F: Files>(fs: &F, manifest: &Manifest) -> Result<(), StorageError> {
     let id = manifest.checkpoint;
+    // The asserts here check the caller's own manifest (built with `Manifest::new` from the handles
+    // that its own task state writes returned, whose files the sizes are compared with), not a file
+    // someone else left: a failure is a bug of the caller, documented on `CheckpointStore::commit_manifest`.
     assert_eq!(
         manifest.format_version, FORMAT_VERSION,
         "manifests are written in the current format version; build them with Manifest::new"
@@ -160,12 +163,14 @@ fn decode_manifest<F: Files>(fs: &F, id: CheckpointId) -> Result<Manifest, Stora
 
 pub fn read_manifest<F: Files>(fs: &F, id: CheckpointId) -> Result<Manifest, StorageError> {
     let manifest = decode_manifest(fs, id)?;
-    assert_eq!(
-        manifest.checkpoint,
-        id,
-        "{} holds the manifest of another checkpoint: checkpoint directories were renamed by hand",
-        fs.display_path(&manifest_path(id)).display()
-    );
+    // A directory renamed or copied by hand: its bytes are intact, but they are not checkpoint `id`.
+    if manifest.checkpoint != id {
+        return Err(StorageError::MisplacedManifest {
+            path: fs.display_path(&manifest_path(id)),
+            expected: id,
+            found: manifest.checkpoint,
+        });
+    }
     Ok(manifest)
 }
 
@@ -195,6 +200,7 @@ pub fn discard<F: Files>(fs: &F, id: CheckpointId) -> Result<(), StorageError> {
 }
 
 pub fn gc<F: Files>(fs: &F, retain: usize, in_flight: &[CheckpointId]) -> Result<GcReport, StorageError> {
+    // The caller's own argument (documented on `CheckpointStore::gc`), not anything read from storage.
     assert!(retain >= 1, "gc must retain at least one complete checkpoint");
     // Fenced checkpoints are not complete: they neither count towards `retain` nor stay.
     let listings = list_checkpoints(fs)?;
@@ -306,7 +312,7 @@ fn sweep<F: Files>(
         }
         removed += 1;
         report.removed_files += 1;
-        report.removed_bytes += size;
+        report.removed_bytes = report.removed_bytes.saturating_add(size); // sizes come from storage
     }
     Ok(removed)
 }

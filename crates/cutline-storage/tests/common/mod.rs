@@ -6,6 +6,8 @@
 //! - [`basics`]: the store contract (write, commit, list, verify, discard, damage, leftovers, meta).
 //! - [`generations`]: generation records (create-if-absent claims) and fencing.
 //! - [`gc`]: retention against a model of random histories.
+//! - [`moved`]: checkpoint directories a user renamed or copied by hand, a manifest of another job,
+//!   and ids and sizes at the end of their range: errors, never panics.
 //!
 //! Paths given to a harness are relative to the store root and '/'-separated, as the store's layout
 //! names them (`checkpoints/chk-<20 digits>/_MANIFEST`, ...).
@@ -13,6 +15,7 @@
 pub mod basics;
 pub mod gc;
 pub mod generations;
+pub mod moved;
 
 use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};
 use cutline_storage::{
@@ -43,6 +46,9 @@ pub trait Harness {
     /// Writes a file bypassing the store (creating its directory if needed).
     fn put_raw(&self, path: &str, bytes: &[u8]);
 
+    /// Removes a file bypassing the store (it must exist).
+    fn remove_raw(&self, path: &str);
+
     /// The bytes of a file, bypassing the store; `None` if there is none.
     fn get_raw(&self, path: &str) -> Option<Vec<u8>>;
 
@@ -64,6 +70,21 @@ pub trait Harness {
                 (p, bytes)
             })
             .collect()
+    }
+
+    /// Copies every file of checkpoint directory `from` into the directory of `to`, as `cp -r` would,
+    /// and with `remove_original` removes the originals, as `mv` would.
+    fn copy_checkpoint_dir(&self, from: u64, to: u64, remove_original: bool) {
+        let prefix = format!("{}/", dir_of(from));
+        let files: Vec<String> = self.files().into_iter().filter(|f| f.starts_with(&prefix)).collect();
+        assert!(!files.is_empty(), "{}: nothing in {prefix}", self.name());
+        for file in files {
+            let bytes = self.get_raw(&file).unwrap();
+            self.put_raw(&format!("{}/{}", dir_of(to), &file[prefix.len()..]), &bytes);
+            if remove_original {
+                self.remove_raw(&file);
+            }
+        }
     }
 
     /// Flips every bit of the byte at `at` of the file at `path`.
@@ -146,6 +167,12 @@ macro_rules! conformance_suite {
             generations::a_zombie_with_its_own_client_is_fenced,
             generations::a_released_claim_fences_nothing_and_can_be_claimed_again,
             gc::gc_keeps_exactly_what_retained_manifests_and_in_flight_attempts_need,
+            moved::a_renamed_checkpoint_directory_is_corruption_not_a_panic,
+            moved::a_copied_checkpoint_directory_is_skipped_and_the_original_restores,
+            moved::a_manifest_of_another_job_is_read_and_reported_not_a_panic,
+            moved::ids_and_generations_at_u64_max_work,
+            moved::names_beyond_u64_max_are_ignored,
+            moved::sizes_near_u64_max_in_a_manifest_do_not_overflow,
         );
     };
     (@tests $new:path; $($module:ident :: $scenario:ident),* $(,)?) => {
