@@ -4,7 +4,8 @@
 //! it for `LocalDirStore` and `MemStore`, `tests/s3.rs` for `S3Store` (feature `s3`, real server).
 //!
 //! - [`basics`]: the store contract (write, commit, list, verify, discard, damage, leftovers, meta).
-//! - [`generations`]: generation records (create-if-absent claims) and fencing.
+//! - [`fencing`]: the fencing of a zombie's commits, as tables of steps checked against a model.
+//! - [`generations`]: generation records (create-if-absent claims), races, damage, their retention.
 //! - [`gc`]: retention against a model of random histories.
 //! - [`moved`]: checkpoint directories a user renamed or copied by hand, a manifest of another job,
 //!   and ids and sizes at the end of their range: errors, never panics.
@@ -13,6 +14,7 @@
 //! names them (`checkpoints/chk-<20 digits>/_MANIFEST`, ...).
 
 pub mod basics;
+pub mod fencing;
 pub mod gc;
 pub mod generations;
 pub mod moved;
@@ -154,7 +156,7 @@ macro_rules! conformance_suite {
             basics::gc_keeps_a_retained_checkpoint_whose_manifest_is_damaged_whole,
             basics::of_two_racing_committers_exactly_one_wins,
             basics::tasks_write_concurrently_through_one_store,
-            generations::fencing_scenarios,
+            fencing::fencing_scenarios,
             generations::claiming_a_generation_twice_is_refused,
             generations::claiming_below_the_latest_generation_is_superseded,
             generations::check_not_fenced_with_no_records_passes,
