@@ -2,7 +2,7 @@
 //! failures (worth a retry) and everything else. It does not retry, log, or decide what the engine does
 //! about a failure: callers do.
 
-use crate::format::FileKind;
+use crate::kind::FileKind;
 use cutline_core::{CheckpointId, Generation};
 use std::io::ErrorKind;
 use std::path::PathBuf;
@@ -64,6 +64,18 @@ pub enum StorageError {
         path.display()
     )]
     Decode { path: PathBuf, reason: String },
+    /// The directory of checkpoint `expected` holds the manifest of checkpoint `found`: a checkpoint
+    /// directory was renamed or copied by hand. Corruption: a restore skips it.
+    #[error(
+        "{} holds the manifest of checkpoint {}, not of checkpoint {}: checkpoint directories were renamed or \
+         copied by hand. If chk-{:020} is gone, rename this directory back to it; if it is still there, this \
+         is a copy: delete it. Until then restores skip it",
+        path.display(),
+        found.0,
+        expected.0,
+        found.0
+    )]
+    MisplacedManifest { path: PathBuf, expected: CheckpointId, found: CheckpointId },
     #[error("invalid operator id {0:?}: use a non-empty id made of ASCII letters, digits, '_', '.' and '-'")]
     InvalidOperatorId(String),
     #[error(
@@ -152,8 +164,9 @@ impl StorageError {
         }
     }
 
-    /// Whether the stored data itself is damaged (bad frame, checksum, size, decoding, or a file a
-    /// manifest references is missing): reading it again will not help, an older checkpoint might.
+    /// Whether the stored data itself is damaged (bad frame, checksum, size, decoding, a manifest in
+    /// another checkpoint's directory, or a file a manifest references is missing): reading it again
+    /// will not help, an older checkpoint might.
     /// [`StorageError::Fenced`], [`StorageError::Superseded`] and [`StorageError::GenerationTaken`] are
     /// neither corruption nor transient: the data is intact, but another coordinator owns the job.
     pub fn is_corruption(&self) -> bool {
@@ -165,6 +178,7 @@ impl StorageError {
                 | StorageError::ChecksumMismatch { .. }
                 | StorageError::SizeMismatch { .. }
                 | StorageError::Decode { .. }
+                | StorageError::MisplacedManifest { .. }
                 | StorageError::InvalidPath(_)
                 | StorageError::NotFound { .. }
         )
@@ -172,5 +186,31 @@ impl StorageError {
 
     pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: std::io::Error) -> Self {
         StorageError::Io { path: path.into(), op, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cutline_core::CheckpointId;
+    use std::io::Error;
+
+    #[test]
+    fn only_interrupted_io_and_injected_failures_are_transient() {
+        let io = |kind| StorageError::io("p", "read", Error::from(kind));
+        let cases = [
+            (io(ErrorKind::Interrupted), true),
+            (io(ErrorKind::TimedOut), true),
+            (io(ErrorKind::WouldBlock), true),
+            (StorageError::Injected("drill".into()), true),
+            (io(ErrorKind::NotFound), false),
+            (io(ErrorKind::PermissionDenied), false),
+            (StorageError::BadMagic { path: "p".into() }, false),
+            (StorageError::ChecksumMismatch { path: "p".into(), expected: 1, actual: 2 }, false),
+            (StorageError::ManifestExists(CheckpointId(1)), false),
+        ];
+        for (err, transient) in cases {
+            assert_eq!(err.is_transient(), transient, "{err}");
+        }
     }
 }

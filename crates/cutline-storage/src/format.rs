@@ -11,9 +11,9 @@
 //! version. Readers dispatch on it and keep a path for every version ever written.
 
 use crate::error::StorageError;
+pub use crate::kind::FileKind;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::fmt;
 use std::path::Path;
 
 /// The first four bytes of every cutline file.
@@ -25,31 +25,6 @@ const V1_HEADER_LEN: usize = 16;
 const CRC_LEN: usize = 4;
 /// What errors about a buffer that did not come from a file name instead of a path.
 const IN_MEMORY: &str = "<in-memory frame>";
-
-/// What a file holds. Closed: a reader rejects a kind it does not expect.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u16)]
-pub enum FileKind {
-    TaskState = 1,
-    Manifest = 2,
-    JobMeta = 3,
-    Finished = 4,
-    /// A [`crate::GenerationRecord`]: which coordinator started a generation, and from where.
-    GenerationRecord = 5,
-}
-
-impl fmt::Display for FileKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = match self {
-            FileKind::TaskState => "task state",
-            FileKind::Manifest => "manifest",
-            FileKind::JobMeta => "job meta",
-            FileKind::Finished => "finished marker",
-            FileKind::GenerationRecord => "generation record",
-        };
-        f.write_str(name)
-    }
-}
 
 /// Frames `payload` as a file of `kind` in the current [`FORMAT_VERSION`].
 pub fn encode_frame(kind: FileKind, payload: &[u8]) -> Vec<u8> {
@@ -82,20 +57,20 @@ pub(crate) fn decode_frame_at<'a>(path: &Path, bytes: &'a [u8], expected: FileKi
         expected: needed as u64,
         actual: bytes.len() as u64,
     };
-    if bytes.len() < MAGIC.len() {
+    let Some(magic) = field::<4>(bytes, 0) else {
         return Err(if MAGIC.starts_with(bytes) {
             truncated(MAGIC.len() + 2)
         } else {
             StorageError::BadMagic { path: path.to_path_buf() }
         });
-    }
-    if bytes[..4] != MAGIC {
+    };
+    if magic != MAGIC {
         return Err(StorageError::BadMagic { path: path.to_path_buf() });
     }
-    if bytes.len() < 6 {
+    let Some(version) = field::<2>(bytes, 4) else {
         return Err(truncated(6));
-    }
-    match u16_at(bytes, 4) {
+    };
+    match u16::from_le_bytes(version) {
         1 => decode_v1(path, bytes, expected),
         found if found > FORMAT_VERSION => {
             Err(StorageError::UnsupportedVersion { path: path.to_path_buf(), found, supported: FORMAT_VERSION })
@@ -111,14 +86,12 @@ pub(crate) fn decode_frame_at<'a>(path: &Path, bytes: &'a [u8], expected: FileKi
 /// before the kind, so that a damaged kind field reads as corruption rather than as a wrong file.
 fn decode_v1<'a>(path: &Path, bytes: &'a [u8], expected: FileKind) -> Result<Frame<'a>, StorageError> {
     let minimum = V1_HEADER_LEN + CRC_LEN;
+    let truncated =
+        || StorageError::Truncated { path: path.to_path_buf(), expected: minimum as u64, actual: bytes.len() as u64 };
     if bytes.len() < minimum {
-        return Err(StorageError::Truncated {
-            path: path.to_path_buf(),
-            expected: minimum as u64,
-            actual: bytes.len() as u64,
-        });
+        return Err(truncated());
     }
-    let payload_len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+    let payload_len = u64::from_le_bytes(field(bytes, 8).ok_or_else(truncated)?);
     let total = payload_len.saturating_add(minimum as u64);
     if total > bytes.len() as u64 {
         return Err(StorageError::Truncated { path: path.to_path_buf(), expected: total, actual: bytes.len() as u64 });
@@ -129,25 +102,29 @@ fn decode_v1<'a>(path: &Path, bytes: &'a [u8], expected: FileKind) -> Result<Fra
             reason: format!("{} bytes follow the end of the frame", bytes.len() as u64 - total),
         });
     }
-    let body_end = bytes.len() - CRC_LEN;
-    let recorded = u32::from_le_bytes(bytes[body_end..].try_into().expect("4 bytes"));
-    let actual = crc32fast::hash(&bytes[..body_end]);
+    let (body, recorded) = bytes.split_last_chunk::<CRC_LEN>().ok_or_else(truncated)?;
+    let recorded = u32::from_le_bytes(*recorded);
+    let actual = crc32fast::hash(body);
     if recorded != actual {
         return Err(StorageError::ChecksumMismatch { path: path.to_path_buf(), expected: recorded, actual });
     }
-    let found = u16_at(bytes, 6);
+    let found = u16::from_le_bytes(field(bytes, 6).ok_or_else(truncated)?);
     if found != expected as u16 {
         return Err(StorageError::WrongKind { path: path.to_path_buf(), expected, found });
     }
-    Ok(Frame { version: 1, payload: &bytes[V1_HEADER_LEN..body_end] })
+    Ok(Frame { version: 1, payload: body.get(V1_HEADER_LEN..).ok_or_else(truncated)? })
 }
 
-fn u16_at(bytes: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([bytes[at], bytes[at + 1]])
+/// The `N` bytes at `at`, or `None` past the end. Every field of a frame is read through here (and
+/// never by indexing), so that a length check gotten wrong reports a file as truncated instead of
+/// panicking on its bytes.
+fn field<const N: usize>(bytes: &[u8], at: usize) -> Option<[u8; N]> {
+    bytes.get(at..at.checked_add(N)?)?.try_into().ok()
 }
 
 /// Encodes a serde record with postcard and frames it.
 pub(crate) fn encode_record<T: Serialize>(kind: FileKind, value: &T) -> Vec<u8> {
+    // Our own records, into memory: postcard fails only on types it cannot represent, which these are not.
     let payload = postcard::to_allocvec(value).expect("storage records always serialize");
     encode_frame(kind, &payload)
 }
@@ -168,7 +145,9 @@ pub(crate) fn decode_record<T: DeserializeOwned>(path: &Path, bytes: &[u8], kind
             }
             Ok(value)
         }
-        v => unreachable!("decode_frame_at returned unknown version {v}"),
+        // `decode_frame_at` returns only versions with an arm here; a version added there without one
+        // is reported, not a panic.
+        found => Err(StorageError::UnsupportedVersion { path: path.to_path_buf(), found, supported: FORMAT_VERSION }),
     }
 }
 

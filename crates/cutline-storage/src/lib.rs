@@ -12,6 +12,7 @@
 mod error;
 mod faulty;
 pub mod format;
+mod kind;
 mod local;
 mod manifest;
 mod mem;

@@ -4,7 +4,8 @@
 //! processes: one job owns one store.
 
 use crate::error::StorageError;
-use crate::store::{impl_checkpoint_store, temp_name, Entry, Files, CHECKPOINTS_DIR};
+use crate::store::layout::{temp_name, CHECKPOINTS_DIR};
+use crate::store::{impl_checkpoint_store, Entry, Files};
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};

@@ -62,9 +62,10 @@ impl Manifest {
         }
     }
 
-    /// The summed size of the task state files the manifest references (not of the manifest itself).
+    /// The summed size of the task state files the manifest references (not of the manifest itself),
+    /// saturating at `u64::MAX`: the sizes come from a file, which may be damaged or edited.
     pub fn total_size_bytes(&self) -> u64 {
-        self.tasks.iter().map(|t| t.size_bytes).sum()
+        self.tasks.iter().fold(0u64, |sum, t| sum.saturating_add(t.size_bytes))
     }
 }
 

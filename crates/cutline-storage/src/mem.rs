@@ -46,15 +46,22 @@ impl MemStore {
         self.lock().keys().cloned().collect()
     }
 
-    #[cfg(test)]
-    pub(crate) fn raw_get(&self, path: &str) -> Option<Vec<u8>> {
+    /// The bytes of the file at `path` (relative to the root, as [`MemStore::paths`] names it),
+    /// bypassing the store semantics: what a test or simulation inspects, or damages and puts back.
+    pub fn raw_get(&self, path: &str) -> Option<Vec<u8>> {
         self.lock().get(path).cloned()
     }
 
-    /// Writes a file bypassing the store semantics (simulates leftovers of a crash).
-    #[cfg(test)]
-    pub(crate) fn raw_put(&self, path: &str, bytes: &[u8]) {
+    /// Writes a file bypassing the store semantics (no framing, no checks): to simulate leftovers of a
+    /// crash, damage, or files a user moved by hand.
+    pub fn raw_put(&self, path: &str, bytes: &[u8]) {
         self.lock().insert(path.to_string(), bytes.to_vec());
+    }
+
+    /// Removes a file bypassing the store semantics (a file a user deleted or moved by hand); whether
+    /// there was one.
+    pub fn raw_remove(&self, path: &str) -> bool {
+        self.lock().remove(path).is_some()
     }
 
     /// A panic in a test holding the lock must not hide the store from the next assertion.

@@ -1,9 +1,10 @@
 //! Retention against a model: random histories of complete checkpoints (some reusing files of older
-//! ones, as incremental checkpoints will), abandoned and in-flight attempts, and crash leftovers.
+//! ones, as incremental checkpoints will), abandoned and in-flight attempts, and crash leftovers. How
+//! many and how long is the store's [`Budget`].
 
-use super::{dir_of, manifest, Harness};
-use crate::{CheckpointStore, Manifest, TaskStateHandle};
+use super::{dir_of, manifest, manifest_path, Budget, Harness};
 use cutline_core::{CheckpointId, OperatorId, SubtaskIndex};
+use cutline_storage::{CheckpointStore, Manifest, TaskStateHandle};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// xorshift64: deterministic and good enough to pick histories.
@@ -26,11 +27,11 @@ impl Rng {
     }
 }
 
-const OPERATORS: [&str; 3] = ["src", "map.a", "sink-1"];
 const SUBTASKS: u32 = 2;
 
 struct Model {
     rng: Rng,
+    budget: Budget,
     next_id: u64,
     /// Complete checkpoints that must still exist.
     live: BTreeMap<u64, Manifest>,
@@ -51,13 +52,13 @@ impl Model {
     }
 
     /// One new checkpoint id: completed (possibly reusing older files), abandoned, or left in flight.
-    fn step(&mut self, h: &Harness) {
-        let s = &*h.store;
+    fn step(&mut self, h: &dyn Harness) {
+        let s = h.store();
         let id = self.next_id;
         self.next_id += 1;
         let fate = self.rng.below(10);
         let mut tasks = Vec::new();
-        for op in OPERATORS {
+        for &op in self.budget.gc_operators {
             for sub in 0..SUBTASKS {
                 if fate >= 6 && self.rng.percent(30) {
                     continue; // attempts may stop part-way
@@ -94,14 +95,14 @@ impl Model {
     }
 
     /// In-flight attempts either complete late or get abandoned.
-    fn settle_some_in_flight(&mut self, h: &Harness) {
+    fn settle_some_in_flight(&mut self, h: &dyn Harness) {
         let ids: Vec<u64> = self.in_flight.keys().copied().collect();
         for id in ids {
             match self.rng.below(3) {
                 0 => {
                     let tasks = self.in_flight.remove(&id).unwrap();
                     let m = manifest(id, tasks);
-                    h.store.commit_manifest(&m).unwrap();
+                    h.store().commit_manifest(&m).unwrap();
                     self.live.insert(id, m);
                 }
                 1 => {
@@ -113,8 +114,8 @@ impl Model {
     }
 }
 
-fn check_gc(h: &Harness, model: &mut Model, retain: usize) {
-    let s = &*h.store;
+fn check_gc(h: &dyn Harness, model: &mut Model, retain: usize) {
+    let s = h.store();
     let in_flight: Vec<CheckpointId> = model.in_flight.keys().map(|&id| CheckpointId(id)).collect();
     let in_flight_dirs: Vec<String> = model.in_flight.keys().map(|&id| dir_of(id)).collect();
     let under_in_flight = |path: &str| in_flight_dirs.iter().any(|d| path.starts_with(&format!("{d}/")));
@@ -129,11 +130,11 @@ fn check_gc(h: &Harness, model: &mut Model, retain: usize) {
     let after = h.snapshot();
     // Every retained checkpoint verifies, and its files hold what was written.
     let listed: Vec<u64> = s.list_checkpoints().unwrap().iter().filter(|l| l.complete).map(|l| l.id.0).collect();
-    assert_eq!(listed, model.live.keys().copied().collect::<Vec<_>>(), "{}", h.name);
+    assert_eq!(listed, model.live.keys().copied().collect::<Vec<_>>(), "{}", h.name());
     let mut expected: BTreeSet<String> = BTreeSet::new();
     for (id, m) in &model.live {
         assert_eq!(&s.verify(CheckpointId(*id)).unwrap(), m);
-        expected.insert(format!("{}/_MANIFEST", dir_of(*id)));
+        expected.insert(manifest_path(*id));
         for t in &m.tasks {
             assert_eq!(s.read_task_state(t).unwrap(), model.payloads[&t.file]);
             expected.insert(t.file.clone());
@@ -143,7 +144,7 @@ fn check_gc(h: &Harness, model: &mut Model, retain: usize) {
     let flight = |snap: &[(String, Vec<u8>)]| -> Vec<(String, Vec<u8>)> {
         snap.iter().filter(|(p, _)| under_in_flight(p)).cloned().collect()
     };
-    assert_eq!(flight(&before), flight(&after), "{}: gc touched an in-flight attempt", h.name);
+    assert_eq!(flight(&before), flight(&after), "{}: gc touched an in-flight attempt", h.name());
     // Nothing else remains, except temporary files in retained checkpoints older than the newest:
     // those were swept when they were the newest and go with their directory once they leave retention.
     let older_retained: Vec<String> = model.live.keys().rev().skip(1).map(|&id| format!("{}/", dir_of(id))).collect();
@@ -156,11 +157,11 @@ fn check_gc(h: &Harness, model: &mut Model, retain: usize) {
         .map(|(p, _)| p)
         .filter(|p| !under_in_flight(p) && !expected.contains(*p) && !tolerated(p))
         .collect();
-    assert!(remaining.is_empty(), "{}: gc left {remaining:?}", h.name);
+    assert!(remaining.is_empty(), "{}: gc left {remaining:?}", h.name());
     // No empty checkpoint directory is left behind.
     for l in s.list_checkpoints().unwrap() {
         let dir = format!("{}/", dir_of(l.id.0));
-        assert!(after.iter().any(|(p, _)| p.starts_with(&dir)), "{}: empty {dir}", h.name);
+        assert!(after.iter().any(|(p, _)| p.starts_with(&dir)), "{}: empty {dir}", h.name());
     }
     // The report adds up.
     let size = |snap: &[(String, Vec<u8>)]| snap.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
@@ -174,48 +175,36 @@ fn check_gc(h: &Harness, model: &mut Model, retain: usize) {
     }
     // A second gc with the same arguments has nothing to do.
     let again = s.gc(retain, &in_flight).unwrap();
-    assert_eq!((again.removed_files, again.removed_bytes), (0, 0), "{}", h.name);
+    assert_eq!((again.removed_files, again.removed_bytes), (0, 0), "{}", h.name());
 }
 
-fn random_history(h: &Harness, seed: u64, rounds: usize) {
+fn random_history(h: &dyn Harness, seed: u64) {
+    let budget = h.budget();
     let mut model = Model {
         rng: Rng(seed),
+        budget,
         next_id: 1,
         live: BTreeMap::new(),
         in_flight: BTreeMap::new(),
         payloads: BTreeMap::new(),
     };
-    for _ in 0..rounds {
-        for _ in 0..1 + model.rng.below(6) {
+    for _ in 0..budget.gc_rounds {
+        for _ in 0..1 + model.rng.below(budget.gc_max_steps) {
             model.step(h);
         }
         if model.rng.percent(30) {
             h.put_raw(&format!(".job.meta.77-{}.tmp", model.next_id), b"crash leftover");
         }
-        let retain = 1 + model.rng.below(4) as usize;
+        let retain = 1 + model.rng.below(budget.gc_max_retain) as usize;
         check_gc(h, &mut model, retain);
         model.settle_some_in_flight(h);
     }
 }
 
-#[test]
-fn gc_keeps_exactly_what_retained_manifests_and_in_flight_attempts_need_mem() {
-    for seed in 1..=40u64 {
-        let h = Harness::mem();
-        random_history(&h, seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), 12);
+/// Every retained checkpoint verifies with what was written, in-flight attempts are untouched, and
+/// nothing else remains: after each gc of each random history.
+pub fn gc_keeps_exactly_what_retained_manifests_and_in_flight_attempts_need(h: &dyn Harness) {
+    for seed in 1..=h.budget().gc_histories {
+        random_history(&*h.fresh(), seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     }
-}
-
-#[test]
-fn gc_keeps_exactly_what_retained_manifests_and_in_flight_attempts_need_local() {
-    for seed in 1..=3u64 {
-        let h = Harness::local();
-        random_history(&h, seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), 8);
-    }
-}
-
-#[test]
-#[should_panic(expected = "at least one")]
-fn gc_must_retain_at_least_one_checkpoint() {
-    let _ = Harness::mem().store.gc(0, &[]);
 }

@@ -1,21 +1,13 @@
-//! The store contract, pinned once and run against every store.
+//! The store contract: task state, the manifest as commit point, listing, verification, discard,
+//! damage, crash leftovers, job metadata, and concurrent clients.
 
-use super::{dir_of, manifest, Harness};
-use crate::{CheckpointListing, CheckpointStore, JobMeta, StorageError, TaskStateHandle};
-use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};
-use std::io::{Error, ErrorKind};
+use super::{dir_of, framed, listing, manifest, manifest_path, race, write, Harness};
+use cutline_core::{CheckpointId, Generation, OperatorId, SubtaskIndex};
+use cutline_storage::{encode_frame, CheckpointStore, FileKind, JobMeta, Manifest, StorageError, TaskStateHandle};
+use std::sync::Arc;
 
-fn write(s: &dyn CheckpointStore, id: u64, op: &str, sub: u32, payload: &[u8]) -> TaskStateHandle {
-    let kg = KeyGroupRange::for_subtask(128, 2, sub % 2);
-    s.write_task_state(CheckpointId(id), &OperatorId::new(op), SubtaskIndex(sub), 2, Some(kg), payload).unwrap()
-}
-
-fn listing(pairs: &[(u64, bool)]) -> Vec<CheckpointListing> {
-    pairs.iter().map(|&(id, complete)| CheckpointListing { id: CheckpointId(id), complete, fenced: false }).collect()
-}
-
-fn write_commit_list_verify(h: &Harness) {
-    let s = &*h.store;
+pub fn write_commit_list_verify(h: &dyn Harness) {
+    let s = h.store();
     assert_eq!(s.list_checkpoints().unwrap(), vec![]);
     let a = write(s, 1, "map.1", 0, b"alpha");
     let b = write(s, 1, "map.1", 1, b"beta");
@@ -46,11 +38,23 @@ fn write_commit_list_verify(h: &Harness) {
     assert_eq!(s.max_checkpoint_id_seen().unwrap(), Some(CheckpointId(3)));
     assert_eq!(s.latest_complete().unwrap(), Some(CheckpointId(1)));
     assert!(matches!(s.read_manifest(CheckpointId(3)), Err(StorageError::NotFound { .. })));
-    assert!(h.files().iter().all(|f| !f.ends_with(".tmp")), "{h:?}", h = h.files());
+    assert!(h.files().iter().all(|f| !f.ends_with(".tmp")), "{}: {:?}", h.name(), h.files());
+    // Exactly the layout, the same on every store, and no temporary files.
+    assert_eq!(
+        h.files(),
+        vec![
+            manifest_path(1),
+            format!("{}/map.1-0.state", dir_of(1)),
+            format!("{}/map.1-1.state", dir_of(1)),
+            format!("{}/src-0.state", dir_of(3)),
+        ],
+        "{}",
+        h.name()
+    );
 }
 
-fn committed_checkpoints_are_immutable(h: &Harness) {
-    let s = &*h.store;
+pub fn committed_checkpoints_are_immutable(h: &dyn Harness) {
+    let s = h.store();
     let a = write(s, 7, "op", 0, b"x");
     let m = manifest(7, vec![a]);
     s.commit_manifest(&m).unwrap();
@@ -66,8 +70,8 @@ fn committed_checkpoints_are_immutable(h: &Harness) {
     assert_eq!(s.read_manifest(CheckpointId(7)).unwrap(), m);
 }
 
-fn discard_removes_attempts_and_refuses_complete(h: &Harness) {
-    let s = &*h.store;
+pub fn discard_removes_attempts_and_refuses_complete(h: &dyn Harness) {
+    let s = h.store();
     let done = write(s, 1, "op", 0, b"done");
     s.commit_manifest(&manifest(1, vec![done])).unwrap();
     write(s, 2, "op", 0, b"aborted");
@@ -85,8 +89,8 @@ fn discard_removes_attempts_and_refuses_complete(h: &Harness) {
     s.verify(CheckpointId(1)).unwrap();
 }
 
-fn discard_keeps_files_a_later_manifest_references(h: &Harness) {
-    let s = &*h.store;
+pub fn discard_keeps_files_a_later_manifest_references(h: &dyn Harness) {
+    let s = h.store();
     // Attempt 1 never completed, but checkpoint 2 (incrementally) reuses one of its files.
     let shared = write(s, 1, "op", 0, b"shared");
     write(s, 1, "op", 1, b"private");
@@ -99,8 +103,8 @@ fn discard_keeps_files_a_later_manifest_references(h: &Harness) {
 }
 
 /// Each kind of damage to a committed task file, and the error verify must report.
-fn damaged_task_file_fails_verify(h: &Harness) {
-    type Damage = fn(&Harness, &str);
+pub fn damaged_task_file_fails_verify(h: &dyn Harness) {
+    type Damage = fn(&dyn Harness, &str);
     type Expect = fn(&StorageError) -> bool;
     let cases: Vec<(&str, Damage, Expect)> = vec![
         ("flip in header", |h, p| h.flip_byte(p, 0), |e| matches!(e, StorageError::ChecksumMismatch { .. })),
@@ -132,38 +136,40 @@ fn damaged_task_file_fails_verify(h: &Harness) {
         ),
         (
             "replaced by another valid frame of the same size",
-            |h, p| h.put_raw(p, &crate::encode_frame(crate::FileKind::TaskState, b"payloaD")),
+            |h, p| h.put_raw(p, &encode_frame(FileKind::TaskState, b"payloaD")),
             |e| matches!(e, StorageError::ChecksumMismatch { .. }),
         ),
     ];
+    let s = h.store();
     for (i, (what, damage, expect)) in cases.into_iter().enumerate() {
         let id = 10 + i as u64;
-        let good = write(h.store.as_ref(), id, "ok", 0, b"fine");
-        let bad = write(h.store.as_ref(), id, "victim", 0, b"payload");
-        h.store.commit_manifest(&manifest(id, vec![good, bad.clone()])).unwrap();
-        h.store.verify(CheckpointId(id)).unwrap();
+        let good = write(s, id, "ok", 0, b"fine");
+        let bad = write(s, id, "victim", 0, b"payload");
+        s.commit_manifest(&manifest(id, vec![good, bad.clone()])).unwrap();
+        s.verify(CheckpointId(id)).unwrap();
         damage(h, &bad.file);
-        let err = h.store.verify(CheckpointId(id)).unwrap_err();
-        assert!(expect(&err), "{}: {what}: got {err}", h.name);
-        assert!(!err.is_transient());
-        assert!(h.store.read_task_state(&bad).is_err());
+        let err = s.verify(CheckpointId(id)).unwrap_err();
+        assert!(expect(&err), "{}: {what}: got {err}", h.name());
+        assert!(err.is_corruption() && !err.is_transient(), "{}: {what}: {err}", h.name());
+        assert!(err.to_string().contains(&h.shown(&bad.file)), "{}: {what}: names the file: {err}", h.name());
+        assert!(s.read_task_state(&bad).is_err());
     }
     // A missing file.
-    let gone = write(h.store.as_ref(), 30, "victim", 0, b"payload");
-    h.store.commit_manifest(&manifest(30, vec![gone.clone()])).unwrap();
-    h.store.discard(CheckpointId(29)).unwrap();
+    let gone = write(s, 30, "victim", 0, b"payload");
+    s.commit_manifest(&manifest(30, vec![gone.clone()])).unwrap();
+    s.discard(CheckpointId(29)).unwrap();
     let all = h.snapshot();
     assert!(all.iter().any(|(p, _)| *p == gone.file));
     let mut handle = gone;
     handle.file = format!("{}/nope-0.state", dir_of(30));
-    assert!(matches!(h.store.read_task_state(&handle), Err(StorageError::NotFound { .. })));
+    assert!(matches!(s.read_task_state(&handle), Err(StorageError::NotFound { .. })));
 }
 
-fn damaged_manifest_fails_read(h: &Harness) {
-    let s = &*h.store;
+pub fn damaged_manifest_fails_read(h: &dyn Harness) {
+    let s = h.store();
     let a = write(s, 4, "op", 0, b"x");
     s.commit_manifest(&manifest(4, vec![a])).unwrap();
-    let path = format!("{}/_MANIFEST", dir_of(4));
+    let path = manifest_path(4);
     let len = h.get_raw(&path).unwrap().len();
     for at in [0, 5, 9, len / 2, len - 1] {
         h.flip_byte(&path, at);
@@ -178,21 +184,23 @@ fn damaged_manifest_fails_read(h: &Harness) {
     assert!(matches!(s.read_manifest(CheckpointId(4)), Err(StorageError::WrongKind { .. })));
 }
 
-fn temp_manifest_left_by_a_crash_is_not_a_commit(h: &Harness) {
-    let s = &*h.store;
+/// Temporary names (a crash between writing a temporary file and renaming it; an object store never
+/// writes them, but another writer or a copied local store may have left them) are not commits, and gc
+/// cleans them up outside in-flight attempts.
+pub fn temp_manifest_left_by_a_crash_is_not_a_commit(h: &dyn Harness) {
+    let s = h.store();
     let a = write(s, 5, "op", 0, b"x");
     let m = manifest(5, vec![a]);
     // The crash hit after the temporary manifest was written but before the rename.
-    let whole = crate::format::encode_record(crate::FileKind::Manifest, &m);
     let temp = format!("{}/._MANIFEST.4242-0.tmp", dir_of(5));
-    h.put_raw(&temp, &whole);
+    h.put_raw(&temp, &framed(FileKind::Manifest, &m));
     h.put_raw(".job.meta.4242-1.tmp", b"half");
     assert_eq!(s.list_checkpoints().unwrap(), listing(&[(5, false)]));
     assert!(matches!(s.read_manifest(CheckpointId(5)), Err(StorageError::NotFound { .. })));
     assert_eq!(s.read_meta().unwrap(), None);
     // In flight: gc leaves the attempt alone, but cleans the root.
     s.gc(1, &[CheckpointId(5)]).unwrap();
-    assert!(h.get_raw(&temp).is_some());
+    assert!(h.get_raw(&temp).is_some(), "{}: gc left the in-flight attempt alone", h.name());
     assert!(h.get_raw(".job.meta.4242-1.tmp").is_none());
     // The retried commit succeeds; the next gc removes the leftover.
     s.commit_manifest(&m).unwrap();
@@ -203,8 +211,8 @@ fn temp_manifest_left_by_a_crash_is_not_a_commit(h: &Harness) {
     s.verify(CheckpointId(5)).unwrap();
 }
 
-fn meta_and_finished_roundtrip(h: &Harness) {
-    let s = &*h.store;
+pub fn meta_and_finished_roundtrip(h: &dyn Harness) {
+    let s = h.store();
     assert_eq!(s.read_meta().unwrap(), None);
     assert_eq!(s.finished().unwrap(), None);
     for gen in 1..4 {
@@ -229,13 +237,15 @@ fn meta_and_finished_roundtrip(h: &Harness) {
     assert!(h.files().iter().all(|f| !f.ends_with(".tmp")));
 }
 
-fn unrelated_entries_are_ignored_and_kept(h: &Harness) {
-    let s = &*h.store;
+pub fn unrelated_entries_are_ignored_and_kept(h: &dyn Harness) {
+    let s = h.store();
     let junk = [
         "checkpoints/chk-12/state",
         "checkpoints/chk-0000000000000000000x/y",
         "checkpoints/notes.txt",
         "checkpoints/chk-00000000000000000009.bak/z",
+        // A file where a checkpoint directory belongs.
+        "checkpoints/chk-00000000000000000003",
         "README",
     ];
     for path in junk {
@@ -246,12 +256,13 @@ fn unrelated_entries_are_ignored_and_kept(h: &Harness) {
     assert_eq!(s.list_checkpoints().unwrap(), listing(&[(2, true)]));
     s.gc(1, &[]).unwrap();
     for path in junk {
-        assert!(h.get_raw(path).is_some(), "{}: gc removed {path}", h.name);
+        assert!(h.get_raw(path).is_some(), "{}: gc removed {path}", h.name());
     }
+    assert!(s.read_manifest(CheckpointId(3)).is_err());
 }
 
-fn invalid_ids_and_references_are_rejected(h: &Harness) {
-    let s = &*h.store;
+pub fn invalid_ids_and_references_are_rejected(h: &dyn Harness) {
+    let s = h.store();
     for bad in ["", "a/b", "../up", "a b", "é"] {
         let err =
             s.write_task_state(CheckpointId(1), &OperatorId::new(bad), SubtaskIndex(0), 1, None, b"").unwrap_err();
@@ -265,90 +276,77 @@ fn invalid_ids_and_references_are_rejected(h: &Harness) {
     assert!(h.files().iter().all(|f| f.starts_with("checkpoints/")));
 }
 
-#[test]
-fn write_commit_list_verify_on_every_store() {
-    Harness::both().iter().for_each(write_commit_list_verify);
-}
-
-#[test]
-fn committed_checkpoints_are_immutable_on_every_store() {
-    Harness::both().iter().for_each(committed_checkpoints_are_immutable);
-}
-
-#[test]
-fn discard_removes_attempts_and_refuses_complete_on_every_store() {
-    Harness::both().iter().for_each(discard_removes_attempts_and_refuses_complete);
-}
-
-#[test]
-fn discard_keeps_referenced_files_on_every_store() {
-    Harness::both().iter().for_each(discard_keeps_files_a_later_manifest_references);
-}
-
-#[test]
-fn damaged_task_file_fails_verify_on_every_store() {
-    Harness::both().iter().for_each(damaged_task_file_fails_verify);
-}
-
-#[test]
-fn damaged_manifest_fails_read_on_every_store() {
-    Harness::both().iter().for_each(damaged_manifest_fails_read);
-}
-
-#[test]
-fn temp_manifest_left_by_a_crash_is_not_a_commit_on_every_store() {
-    Harness::both().iter().for_each(temp_manifest_left_by_a_crash_is_not_a_commit);
-}
-
-#[test]
-fn meta_and_finished_roundtrip_on_every_store() {
-    Harness::both().iter().for_each(meta_and_finished_roundtrip);
-}
-
-#[test]
-fn unrelated_entries_are_ignored_and_kept_on_every_store() {
-    Harness::both().iter().for_each(unrelated_entries_are_ignored_and_kept);
-}
-
-#[test]
-fn invalid_ids_and_references_are_rejected_on_every_store() {
-    Harness::both().iter().for_each(invalid_ids_and_references_are_rejected);
-}
-
-#[test]
-#[should_panic(expected = "may only reference acknowledged task state writes")]
-fn commit_of_a_manifest_with_a_missing_file_panics() {
-    let h = Harness::mem();
-    let mut a = write(&*h.store, 1, "op", 0, b"x");
-    a.size_bytes += 1;
-    let _ = h.store.commit_manifest(&manifest(1, vec![a]));
-}
-
-#[test]
-fn mem_store_corrupt_flips_a_byte() {
-    let store = crate::MemStore::new();
-    let a = write(&store, 1, "op", 0, b"payload");
-    store.commit_manifest(&manifest(1, vec![a.clone()])).unwrap();
-    assert_eq!(store.paths(), vec![format!("{}/_MANIFEST", dir_of(1)), a.file.clone()]);
-    store.corrupt(&a.file);
-    assert!(matches!(store.verify(CheckpointId(1)), Err(StorageError::ChecksumMismatch { .. })));
-}
-
-#[test]
-fn only_interrupted_io_and_injected_failures_are_transient() {
-    let io = |kind| StorageError::io("p", "read", Error::from(kind));
-    let cases = [
-        (io(ErrorKind::Interrupted), true),
-        (io(ErrorKind::TimedOut), true),
-        (io(ErrorKind::WouldBlock), true),
-        (StorageError::Injected("drill".into()), true),
-        (io(ErrorKind::NotFound), false),
-        (io(ErrorKind::PermissionDenied), false),
-        (StorageError::BadMagic { path: "p".into() }, false),
-        (StorageError::ChecksumMismatch { path: "p".into(), expected: 1, actual: 2 }, false),
-        (StorageError::ManifestExists(CheckpointId(1)), false),
-    ];
-    for (err, transient) in cases {
-        assert_eq!(err.is_transient(), transient, "{err}");
+/// Retention must not fail, nor delete anything of a retained checkpoint, when that checkpoint's
+/// manifest is damaged: a restore skips it and may fall back to an older one.
+pub fn gc_keeps_a_retained_checkpoint_whose_manifest_is_damaged_whole(h: &dyn Harness) {
+    let s = h.store();
+    for id in 1..=3 {
+        let t = s.write_task_state(CheckpointId(id), &OperatorId::new("op"), SubtaskIndex(0), 1, None, b"state");
+        s.commit_manifest(&Manifest::new("job", CheckpointId(id), Generation(1), 0, false, vec![t.unwrap()])).unwrap();
     }
+    let path = manifest_path(3);
+    let middle = h.get_raw(&path).unwrap().len() / 2;
+    h.flip_byte(&path, middle);
+    s.gc(2, &[]).expect("a damaged manifest does not fail retention");
+    let paths = h.files();
+    assert_eq!(paths.iter().filter(|p| p.starts_with(&dir_of(3))).count(), 2, "{}: {paths:?}", h.name());
+    assert!(paths.iter().any(|p| p.starts_with(&dir_of(2))), "{}: the fallback stays: {paths:?}", h.name());
+    assert!(!paths.iter().any(|p| p.starts_with(&dir_of(1))), "{}: older ones go: {paths:?}", h.name());
+    assert!(s.verify(CheckpointId(3)).is_err());
+    s.verify(CheckpointId(2)).unwrap();
+}
+
+/// Two clients (as two coordinators in two processes would have) commit different manifests of the
+/// same checkpoint at the same moment: exactly one wins, and the stored manifest is the winner's.
+pub fn of_two_racing_committers_exactly_one_wins(h: &dyn Harness) {
+    let stores = [h.shared(), h.another_client()];
+    for id in 1..=h.budget().race_rounds {
+        let task = write(h.store(), id, "op", 0, format!("state {id}").as_bytes());
+        let work = stores
+            .iter()
+            .enumerate()
+            .map(|(i, store)| {
+                let mut m = manifest(id, vec![task.clone()]);
+                m.created_at_unix_ms = 10 * id + i as u64; // different bytes per committer
+                (store.clone(), m)
+            })
+            .collect();
+        let results = race(work, |s, m| s.commit_manifest(m));
+        let winners: Vec<&Manifest> = results.iter().filter(|(_, r)| r.is_ok()).map(|(m, _)| m).collect();
+        assert_eq!(winners.len(), 1, "{}: checkpoint {id}: {results:?}", h.name());
+        for (_, r) in &results {
+            if let Err(e) = r {
+                assert!(matches!(e, StorageError::ManifestExists(c) if *c == CheckpointId(id)), "{e}");
+            }
+        }
+        for store in &stores {
+            assert_eq!(&store.read_manifest(CheckpointId(id)).unwrap(), winners[0]);
+        }
+    }
+    assert!(h.files().iter().all(|f| !f.ends_with(".tmp")), "{}: {:?}", h.name(), h.files());
+}
+
+/// Tasks write concurrently from many threads through one shared store.
+pub fn tasks_write_concurrently_through_one_store(h: &dyn Harness) {
+    let store: Arc<dyn CheckpointStore> = h.shared();
+    let threads: Vec<_> = (0..8u32)
+        .map(|sub| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                (0..5u64)
+                    .map(|id| write(&*store, id + 1, "op", sub, format!("{id}/{sub}").as_bytes()))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let handles: Vec<Vec<TaskStateHandle>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    for id in 1..=5u64 {
+        let tasks: Vec<TaskStateHandle> = handles.iter().map(|hs| hs[(id - 1) as usize].clone()).collect();
+        store.commit_manifest(&manifest(id, tasks)).unwrap();
+        let m = store.verify(CheckpointId(id)).unwrap();
+        for t in &m.tasks {
+            assert_eq!(store.read_task_state(t).unwrap(), format!("{}/{}", id - 1, t.subtask.0).into_bytes());
+        }
+    }
+    assert_eq!(store.latest_complete().unwrap(), Some(CheckpointId(5)));
 }

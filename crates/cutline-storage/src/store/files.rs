@@ -1,0 +1,123 @@
+//! The small file-system interface, [`Files`], that the checkpoint semantics are written against, and
+//! [`impl_checkpoint_store!`], which makes a [`Files`] a [`CheckpointStore`](super::CheckpointStore)
+//! by forwarding to [`super::ops`] and [`super::fencing`]: every backend gets the same semantics.
+
+use super::StoreLock;
+use crate::error::StorageError;
+use std::path::PathBuf;
+
+pub(crate) struct Entry {
+    pub name: String,
+    pub is_dir: bool,
+}
+
+/// The primitives a store backend provides. Paths are relative to the root and '/'-separated; `""` is
+/// the root. Absent files and directories are not errors.
+pub(crate) trait Files: Send + Sync {
+    /// See [`CheckpointStore::lock`](super::CheckpointStore::lock).
+    fn lock(&self) -> Result<StoreLock, StorageError> {
+        Ok(StoreLock::none())
+    }
+    /// The path to show in errors.
+    fn display_path(&self, rel: &str) -> PathBuf;
+    fn read(&self, rel: &str) -> Result<Option<Vec<u8>>, StorageError>;
+    /// The size of a regular file; `None` if there is none.
+    fn size(&self, rel: &str) -> Result<Option<u64>, StorageError>;
+    /// Durably and atomically creates or replaces a file, creating its directory if needed.
+    fn put(&self, rel: &str, bytes: &[u8]) -> Result<(), StorageError>;
+    /// Like `put`, but never replaces: `Ok(false)` if the file already exists.
+    fn put_new(&self, rel: &str, bytes: &[u8]) -> Result<bool, StorageError>;
+    fn list(&self, dir: &str) -> Result<Vec<Entry>, StorageError>;
+    fn remove_file(&self, rel: &str) -> Result<(), StorageError>;
+    /// Removes `dir` if it has no entries; whether it did.
+    fn remove_dir_if_empty(&self, dir: &str) -> Result<bool, StorageError>;
+    /// Makes earlier removals and renames in `dir` durable.
+    fn sync_dir(&self, dir: &str) -> Result<(), StorageError>;
+    fn describe(&self) -> String;
+}
+
+/// Implements [`CheckpointStore`](super::CheckpointStore) for a type that implements [`Files`], by
+/// forwarding to [`super::ops`] and [`super::fencing`].
+macro_rules! impl_checkpoint_store {
+    ($ty:ty) => {
+        impl $crate::store::CheckpointStore for $ty {
+            fn write_task_state(
+                &self,
+                checkpoint: ::cutline_core::CheckpointId,
+                operator: &::cutline_core::OperatorId,
+                subtask: ::cutline_core::SubtaskIndex,
+                parallelism: u32,
+                key_groups: Option<::cutline_core::KeyGroupRange>,
+                payload: &[u8],
+            ) -> Result<$crate::TaskStateHandle, $crate::StorageError> {
+                let at = (checkpoint, operator, subtask);
+                $crate::store::ops::write_task_state(self, at, parallelism, key_groups, payload)
+            }
+            fn read_task_state(&self, handle: &$crate::TaskStateHandle) -> Result<Vec<u8>, $crate::StorageError> {
+                $crate::store::ops::read_task_state(self, handle)
+            }
+            fn commit_manifest(&self, manifest: &$crate::Manifest) -> Result<(), $crate::StorageError> {
+                $crate::store::ops::commit_manifest(self, manifest)
+            }
+            fn list_checkpoints(&self) -> Result<Vec<$crate::CheckpointListing>, $crate::StorageError> {
+                $crate::store::ops::list_checkpoints(self)
+            }
+            fn read_manifest(
+                &self,
+                id: ::cutline_core::CheckpointId,
+            ) -> Result<$crate::Manifest, $crate::StorageError> {
+                $crate::store::ops::read_manifest(self, id)
+            }
+            fn verify(&self, id: ::cutline_core::CheckpointId) -> Result<$crate::Manifest, $crate::StorageError> {
+                $crate::store::ops::verify(self, id)
+            }
+            fn discard(&self, id: ::cutline_core::CheckpointId) -> Result<(), $crate::StorageError> {
+                $crate::store::ops::discard(self, id)
+            }
+            fn gc(
+                &self,
+                retain: usize,
+                in_flight: &[::cutline_core::CheckpointId],
+            ) -> Result<$crate::GcReport, $crate::StorageError> {
+                $crate::store::ops::gc(self, retain, in_flight)
+            }
+            fn read_meta(&self) -> Result<Option<$crate::JobMeta>, $crate::StorageError> {
+                $crate::store::ops::read_meta(self)
+            }
+            fn write_meta(&self, meta: &$crate::JobMeta) -> Result<(), $crate::StorageError> {
+                $crate::store::ops::write_meta(self, meta)
+            }
+            fn mark_finished(&self, checkpoint: ::cutline_core::CheckpointId) -> Result<(), $crate::StorageError> {
+                $crate::store::ops::mark_finished(self, checkpoint)
+            }
+            fn finished(&self) -> Result<Option<::cutline_core::CheckpointId>, $crate::StorageError> {
+                $crate::store::ops::finished(self)
+            }
+            fn max_checkpoint_id_seen(&self) -> Result<Option<::cutline_core::CheckpointId>, $crate::StorageError> {
+                $crate::store::ops::max_checkpoint_id_seen(self)
+            }
+            fn claim_generation(&self, record: &$crate::GenerationRecord) -> Result<(), $crate::StorageError> {
+                $crate::store::fencing::claim_generation(self, record)
+            }
+            fn release_generation(&self, generation: ::cutline_core::Generation) -> Result<(), $crate::StorageError> {
+                $crate::store::fencing::release_generation(self, generation)
+            }
+            fn generations(&self) -> Result<Vec<$crate::GenerationRecord>, $crate::StorageError> {
+                $crate::store::fencing::generations(self)
+            }
+            fn latest_generation(&self) -> Result<Option<$crate::GenerationRecord>, $crate::StorageError> {
+                $crate::store::fencing::latest_generation(self)
+            }
+            fn check_not_fenced(&self, generation: ::cutline_core::Generation) -> Result<(), $crate::StorageError> {
+                $crate::store::fencing::check_not_fenced(self, generation)
+            }
+            fn describe(&self) -> String {
+                $crate::store::Files::describe(self)
+            }
+            fn lock(&self) -> Result<$crate::StoreLock, $crate::StorageError> {
+                $crate::store::Files::lock(self)
+            }
+        }
+    };
+}
+pub(crate) use impl_checkpoint_store;
