@@ -9,7 +9,7 @@
 3. Recovery time after a SIGKILLed worker (from the kill until the restored job runs again).
 
 Prints every run's line and then the medians. Build first:
-  cargo build --release -p cutline --features s3
+  cargo build --release -p cutline-cli --features s3
 """
 import argparse
 import os

@@ -21,10 +21,11 @@ pub const LEVEL_VAR: &str = "CUTLINE_LOG";
 
 /// Install the subscriber for this process. `verbose` shows informational events.
 pub fn init(verbose: bool) {
-    let level = std::env::var(LEVEL_VAR)
-        .ok()
-        .and_then(|l| l.parse::<Level>().ok())
-        .unwrap_or(if verbose { Level::INFO } else { Level::WARN });
+    let level = std::env::var(LEVEL_VAR).ok().and_then(|l| l.parse::<Level>().ok()).unwrap_or(if verbose {
+        Level::INFO
+    } else {
+        Level::WARN
+    });
     let json = std::env::var(FORMAT_VAR).is_ok_and(|f| f.eq_ignore_ascii_case("json"));
     let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_max_level(level);
     // A second init (tests of the binary's functions) keeps the first subscriber.

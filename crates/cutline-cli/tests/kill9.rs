@@ -114,7 +114,8 @@ fn generate_text(seed: u64, lines: usize) -> String {
         }
         for j in 0..words {
             if j > 0 {
-                text.push_str(*rng.pick(SEPARATORS));
+                let sep: &&str = rng.pick(SEPARATORS);
+                text.push_str(sep);
             }
             // Skew: half of the picks come from the first 50 words.
             let w = if rng.range(0, 1) == 0 { &vocab[rng.range(0, 49) as usize] } else { rng.pick(&vocab) };

@@ -335,6 +335,7 @@ fn blank_times(debug: &str, field: &str) -> String {
 /// Calls on the real machines, memoized by (fingerprint of the machine's state, call): a machine state
 /// reached again on another path reuses the result instead of copying (replaying) the machine.
 #[derive(Default)]
+#[allow(clippy::type_complexity)] // (state, call) -> (machine after, its decisions): read once, here
 struct Memo {
     aligners: FingerprintMap<(u64, u64), (Rc<AlignerReplica>, Vec<AlignAction>)>,
     coordinators: FingerprintMap<(u64, u64), (Rc<CoordinatorReplica>, Vec<Decision<()>>)>,
@@ -1593,6 +1594,7 @@ struct Stats {
 
 /// Explore every interleaving of `model`; the first violation stops the search.
 fn explore(model: &Model) -> Result<Stats, Violation> {
+    #[allow(clippy::large_enum_variant)] // one frame per level of a shallow stack
     enum Frame {
         Enter(World, u64),
         Exit { fp: u64, children: Vec<u64> },

@@ -293,6 +293,7 @@ mod tests {
             alignment: Alignment::Unaligned,
         }
     }
+    #[allow(clippy::ptr_arg)] // the encoder type the queue takes: fn(&Vec<T>)
     fn enc(b: &Vec<u32>) -> Vec<u8> {
         b.iter().map(|x| *x as u8).collect()
     }

@@ -390,7 +390,7 @@ mod tests {
         let ca = a.prepare(CheckpointId(1)).unwrap().unwrap();
         a.commit(&[ca]).unwrap();
         let cb = b.prepare(CheckpointId(1)).unwrap().expect("b's transaction survived a's recovery");
-        let err = b.commit(&[cb.clone()]).expect_err("a's file of the same name is not b's transaction");
+        let err = b.commit(std::slice::from_ref(&cb)).expect_err("a's file of the same name is not b's transaction");
         assert!(err.contains("another run"), "{err}");
         // And if b's pending file is gone, a's file is still not taken for b's.
         std::fs::remove_file(dir.path().join(PENDING_DIR).join(&cb.pending)).unwrap();

@@ -17,7 +17,6 @@ pub const SNAPSHOT_QUEUE_CAPACITY: usize = 64;
 pub const DEFAULT_RETAINED_CHECKPOINTS: usize = 3;
 /// How often the coordinator looks at the clock when nothing happens.
 pub const DEFAULT_TICK_MS: u64 = 1;
-/// How long an idle source waits before polling again.
 
 /// How a job runs. Build with [`RunConfig::new`] and adjust fields.
 #[derive(Clone)]

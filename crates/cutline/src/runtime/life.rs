@@ -98,8 +98,12 @@ pub(crate) fn drive(graph: &JobGraph, cfg: &RunConfig, host: &mut dyn LifeHost) 
             Step::Restore { generation } => match restore_latest(cfg, graph, host.mode()) {
                 Ok((ix, restored)) => {
                     match restored.checkpoint {
-                        Some(r) => tracing::info!(event = "restore", gen = %generation, chk = %r, "{generation}: restoring checkpoint {r}"),
-                        None => tracing::info!(event = "restore", gen = %generation, "{generation}: starting from scratch (no complete checkpoint)"),
+                        Some(r) => {
+                            tracing::info!(event = "restore", gen = %generation, chk = %r, "{generation}: restoring checkpoint {r}")
+                        }
+                        None => {
+                            tracing::info!(event = "restore", gen = %generation, "{generation}: starting from scratch (no complete checkpoint)")
+                        }
                     }
                     index = Some(ix);
                     LifeEvent::Restored(restored)
