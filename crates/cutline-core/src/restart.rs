@@ -15,6 +15,37 @@ pub enum RestartStrategy {
     FixedDelay { delay_ms: u64, max_attempts: u32 },
     /// Wait `initial_ms`, then twice as long each time up to `max_ms`; give up after `max_attempts`.
     ExponentialBackoff { initial_ms: u64, max_ms: u64, max_attempts: u32, reset_after_ms: u64 },
+    /// Wait `delay_ms` before each restart; give up when more than `max_failures` failures fall within
+    /// any window of `interval_ms` (a failure that repeats quickly gives up quickly, while rare failures
+    /// over a long run are restarted forever). `max_failures` is at most [`MAX_FAILURE_RATE_FAILURES`].
+    FailureRate { max_failures: u32, interval_ms: u64, delay_ms: u64 },
+}
+
+/// The largest `max_failures` of [`RestartStrategy::FailureRate`]: the tracker remembers that many
+/// failure times.
+pub const MAX_FAILURE_RATE_FAILURES: u32 = 1_000;
+
+impl RestartStrategy {
+    /// Check the strategy's values: zero or out-of-range values are refused with the reason.
+    pub fn validate(&self) -> Result<(), String> {
+        match *self {
+            RestartStrategy::FailureRate { max_failures, interval_ms, .. } => {
+                if max_failures > MAX_FAILURE_RATE_FAILURES {
+                    return Err(format!(
+                        "failure-rate restart strategy: max_failures {max_failures} is above {MAX_FAILURE_RATE_FAILURES}"
+                    ));
+                }
+                if interval_ms == 0 {
+                    return Err("failure-rate restart strategy: interval_ms must be above 0".into());
+                }
+                Ok(())
+            }
+            RestartStrategy::ExponentialBackoff { initial_ms, max_ms, .. } if max_ms < initial_ms => {
+                Err(format!("exponential-backoff restart strategy: max_ms {max_ms} is below initial_ms {initial_ms}"))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 impl Default for RestartStrategy {
@@ -43,11 +74,13 @@ pub struct RestartTracker {
     strategy: RestartStrategy,
     attempts: u32,
     last_restart_at: Option<TimeMs>,
+    /// `FailureRate` only: the times of the latest failures, at most `max_failures + 1`.
+    recent: std::collections::VecDeque<TimeMs>,
 }
 
 impl RestartTracker {
     pub fn new(strategy: RestartStrategy) -> RestartTracker {
-        RestartTracker { strategy, attempts: 0, last_restart_at: None }
+        RestartTracker { strategy, attempts: 0, last_restart_at: None, recent: Default::default() }
     }
 
     pub fn attempts(&self) -> u32 {
@@ -63,7 +96,7 @@ impl RestartTracker {
                 self.attempts = 0;
             }
         }
-        self.attempts += 1;
+        self.attempts = self.attempts.saturating_add(1);
         self.last_restart_at = Some(now);
         let attempt = self.attempts;
         match self.strategy {
@@ -82,6 +115,21 @@ impl RestartTracker {
                 let shift = (attempt - 1).min(40);
                 let delay_ms = initial_ms.saturating_mul(1u64 << shift).min(max_ms);
                 RestartDecision::RestartAfter { delay_ms, attempt }
+            }
+            RestartStrategy::FailureRate { max_failures, interval_ms, delay_ms } => {
+                self.recent.push_back(now);
+                while self.recent.front().is_some_and(|t| now.saturating_sub(*t) >= interval_ms) {
+                    self.recent.pop_front();
+                }
+                let keep = (max_failures.min(MAX_FAILURE_RATE_FAILURES) as usize) + 1;
+                while self.recent.len() > keep {
+                    self.recent.pop_front();
+                }
+                if self.recent.len() > max_failures as usize {
+                    RestartDecision::GiveUp { attempts: attempt - 1 }
+                } else {
+                    RestartDecision::RestartAfter { delay_ms, attempt }
+                }
             }
         }
     }
@@ -163,6 +211,35 @@ mod tests {
         assert_eq!(t.on_failure(TimeMs(1)), RestartDecision::GiveUp { attempts: 1 });
         let mut n = RestartTracker::new(RestartStrategy::None);
         assert_eq!(n.on_failure(TimeMs(0)), RestartDecision::GiveUp { attempts: 0 });
+    }
+
+    #[test]
+    fn failure_rate_gives_up_only_when_failures_crowd_into_the_interval() {
+        let mut t =
+            RestartTracker::new(RestartStrategy::FailureRate { max_failures: 2, interval_ms: 1_000, delay_ms: 5 });
+        // Rare failures: never more than 2 within any second, restarted forever.
+        for i in 0..20u64 {
+            assert!(
+                matches!(t.on_failure(TimeMs(i * 600)), RestartDecision::RestartAfter { delay_ms: 5, .. }),
+                "failure {i}"
+            );
+        }
+        // Three within one second: the third gives up.
+        let mut t =
+            RestartTracker::new(RestartStrategy::FailureRate { max_failures: 2, interval_ms: 1_000, delay_ms: 5 });
+        assert!(matches!(t.on_failure(TimeMs(10_000)), RestartDecision::RestartAfter { .. }));
+        assert!(matches!(t.on_failure(TimeMs(10_500)), RestartDecision::RestartAfter { .. }));
+        assert_eq!(t.on_failure(TimeMs(10_999)), RestartDecision::GiveUp { attempts: 2 });
+    }
+
+    #[test]
+    fn strategies_with_impossible_values_are_refused() {
+        let too_many =
+            RestartStrategy::FailureRate { max_failures: MAX_FAILURE_RATE_FAILURES + 1, interval_ms: 1, delay_ms: 0 };
+        assert!(too_many.validate().unwrap_err().contains("max_failures"));
+        let no_window = RestartStrategy::FailureRate { max_failures: 1, interval_ms: 0, delay_ms: 0 };
+        assert!(no_window.validate().is_err());
+        assert!(RestartStrategy::default().validate().is_ok());
     }
 
     #[test]

@@ -31,6 +31,7 @@ impl Faults {
     pub fn none() -> Faults {
         Faults(None)
     }
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub fn new(policy: impl Fn(FaultPoint) -> bool + Send + Sync + 'static) -> Faults {
         Faults(Some(Arc::new(policy)))
     }

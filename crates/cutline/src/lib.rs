@@ -47,7 +47,7 @@ pub mod testing;
 pub use channel::{ChannelStats, Data};
 pub use connectors::{
     DiscardSink, GeneratorSource, LineFileSource, LineOffset, MemoryTxnSink, MemoryTxnStore, PendingFile, PrintSink,
-    Sink, SinkContext, Source, SourceStatus, TransactionalFileSink,
+    Sink, SinkContext, Source, SourceContext, SourceStatus, TransactionalFileSink,
 };
 pub use cutline_core::barrier::{Alignment, CheckpointMode, SnapshotKind};
 pub use cutline_core::coordinator::CheckpointConfig;
@@ -55,9 +55,11 @@ pub use cutline_core::restart::RestartStrategy;
 pub use cutline_core::{CheckpointId, Generation};
 pub use cutline_storage::{CheckpointStore, GenerationRecord, LocalDirStore, Manifest, MemStore};
 pub use dataflow::{
-    ConnectedStreams, EdgeKind, Either, GraphError, Job, JobGraph, KeyedStream, Output, Stream, DEFAULT_BATCH_SIZE,
+    ConnectedStreams, EdgeKind, Either, GraphError, Job, JobGraph, KeyedProcess, KeyedStream, Output, Stream,
+    DEFAULT_BATCH_SIZE,
 };
 pub use error::TaskError;
+#[cfg(feature = "testing")]
 pub use fault::{FaultPoint, Faults};
 pub use runtime::{
     run, spawn, CheckpointSummary, FailedCheckpoint, JobControl, JobHandle, JobMetrics, JobReport, RunConfig, RunError,

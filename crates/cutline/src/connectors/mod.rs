@@ -20,4 +20,4 @@ pub use line_file::{LineFileSource, LineOffset, MAX_LINE_BYTES};
 pub use memory::{MemoryTxnSink, MemoryTxnStore};
 pub use simple::{DiscardSink, PrintSink};
 pub use sink::{Sink, SinkContext};
-pub use source::{Source, SourceStatus};
+pub use source::{Source, SourceContext, SourceStatus};

@@ -10,7 +10,14 @@ pub struct PrintSink<T> {
     _t: std::marker::PhantomData<fn(T)>,
 }
 
+impl<T> Clone for PrintSink<T> {
+    fn clone(&self) -> Self {
+        PrintSink { prefix: self.prefix.clone(), _t: std::marker::PhantomData }
+    }
+}
+
 impl<T> PrintSink<T> {
+    /// A sink that prints `prefix` and the record, one line per record.
     pub fn new(prefix: impl Into<String>) -> Self {
         PrintSink { prefix: prefix.into(), _t: std::marker::PhantomData }
     }

@@ -45,6 +45,18 @@ pub trait Sink<T>: Send + 'static {
     /// Make prepared transactions visible. Must be idempotent: a committable may be committed again
     /// after a crash.
     fn commit(&mut self, committables: &[Self::Committable]) -> Result<(), String>;
+    /// The job's bounded input is exhausted: write anything still buffered into the open transaction.
+    /// Called once, right before `prepare` of the final checkpoint, so what it writes is committed
+    /// with that checkpoint. Not called when the job stops with a savepoint (its input resumes later).
+    fn end_of_input(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+    /// The task ends normally: its input ended and the checkpoint that ends it (the final checkpoint
+    /// or a stop-with-savepoint) is committed. Release connections and files here. Not called when
+    /// the task fails or is torn down (`abort` is). An error fails the task, and the job restores.
+    fn close(&mut self) -> Result<(), String> {
+        Ok(())
+    }
     /// The task is going away without finishing: drop the open transaction (best effort).
     fn abort(&mut self) {}
     /// Has this subtask committed any transaction prepared after `checkpoint` (or at all, for

@@ -3,6 +3,7 @@
 //! A source reads; its task injects barriers between batches and records the source's offset with each
 //! snapshot. Sources never see barriers and never talk to the coordinator.
 
+use cutline_core::CheckpointId;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -17,16 +18,57 @@ pub enum SourceStatus {
     Finished,
 }
 
-/// A replayable source. One instance runs per parallel subtask.
+/// Where a source instance runs: what a source factory ([`Job::source_from`](crate::Job::source_from))
+/// is given.
+#[derive(Clone, Debug)]
+pub struct SourceContext {
+    /// The source's stable id (it names the offsets in checkpoints).
+    pub uid: String,
+    /// This instance's subtask, `0..parallelism`.
+    pub subtask: u32,
+    /// How many instances of the source run.
+    pub parallelism: u32,
+}
+
+/// A replayable source. One instance runs per parallel subtask, on its task's thread.
+///
+/// The contract:
+/// - `open` is called once, first, at a fresh start (`restored` is `None`) and after every restore
+///   (the offset the restored checkpoint recorded for this subtask). Reading must then resume exactly
+///   there: the records after the offset are those a run without the failure would have produced.
+/// - `poll` must not block for long: the task handles barriers and control messages only between
+///   polls, so a poll that waits delays every checkpoint. When nothing is available, return
+///   [`SourceStatus::Idle`]; the task polls again a few milliseconds later.
+/// - `offset` is asked at every barrier, between polls: the position after the last record `poll`
+///   handed out. It is stored in the checkpoint.
+/// - `checkpoint_complete` tells the source that a checkpoint holding `offset` is complete, for
+///   example to acknowledge a log's offsets for monitoring. It is best effort: a notification may be
+///   lost (a crash) or skipped (a newer completion covers older ones), so never rely on it for
+///   correctness; the offset in the checkpoint is the truth.
+/// - `close` is called when the task ends normally (every record read, the checkpoint that ends the
+///   job complete); not after a failure.
+///
+/// Any error fails the task, and the job restores from its latest complete checkpoint.
 pub trait Source: Send + 'static {
+    /// The records it produces.
     type Item: Send + 'static;
     /// A position from which reading resumes exactly; stored in every checkpoint.
     type Offset: Serialize + DeserializeOwned + Clone + Send + std::fmt::Debug + 'static;
 
     /// Open for `subtask` of `parallelism`, at `restored` if the job restores from a checkpoint.
     fn open(&mut self, subtask: u32, parallelism: u32, restored: Option<Self::Offset>) -> Result<(), String>;
-    /// Append up to `max` records to `out`.
+    /// Append up to `max` records to `out`, without blocking for long.
     fn poll(&mut self, out: &mut Vec<Self::Item>, max: usize) -> Result<SourceStatus, String>;
     /// The position after the last record handed out by `poll`.
     fn offset(&self) -> Self::Offset;
+    /// `checkpoint`, which recorded `offset` for this subtask, is complete (best effort; see the
+    /// trait docs).
+    fn checkpoint_complete(&mut self, checkpoint: CheckpointId, offset: &Self::Offset) -> Result<(), String> {
+        let _ = (checkpoint, offset);
+        Ok(())
+    }
+    /// The task ends normally: release connections and files.
+    fn close(&mut self) -> Result<(), String> {
+        Ok(())
+    }
 }

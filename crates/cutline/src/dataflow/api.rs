@@ -8,14 +8,13 @@
 use super::body::{InputBody, SourceBody, TaskBody};
 use super::emit::{Emit, FilterEmit, FlatMapEmit, Identity, MapEmit};
 use super::graph::{channel_factory, EdgeKind, EdgeSpec, JobGraph, StageCtx, StageFactory, StageSpec};
-use super::keyed::{KeyedFn, KeyedProcessOp, Output};
 use super::router::{Partitioner, Router};
 use super::sink_op::SinkEmit;
 use crate::channel::Data;
-use crate::connectors::{Sink, SinkContext, Source};
+use crate::connectors::{Sink, SinkContext, Source, SourceContext};
 use crate::error::TaskError;
-use crate::state::{stable_hash, Key, StateValue};
-use cutline_core::{KeyGroupRange, DEFAULT_MAX_PARALLELISM};
+use crate::state::Key;
+use cutline_core::DEFAULT_MAX_PARALLELISM;
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -52,12 +51,12 @@ pub struct GraphError {
     pub problems: Vec<String>,
 }
 
-type ChainFn<T> =
+pub(super) type ChainFn<T> =
     Arc<dyn Fn(&mut StageCtx<'_>, Box<dyn Emit<T>>) -> Result<Box<dyn TaskBody>, TaskError> + Send + Sync>;
 
-struct Part<T> {
-    stage: usize,
-    chain: ChainFn<T>,
+pub(super) struct Part<T> {
+    pub(super) stage: usize,
+    pub(super) chain: ChainFn<T>,
 }
 
 impl<T> Clone for Part<T> {
@@ -68,21 +67,21 @@ impl<T> Clone for Part<T> {
 
 /// A stream of records of type `T`: the open end of one or more stages.
 pub struct Stream<T> {
-    job: Job,
-    parts: Vec<Part<T>>,
+    pub(super) job: Job,
+    pub(super) parts: Vec<Part<T>>,
 }
 
 /// A stream partitioned by key: the input of keyed stateful operators.
 pub struct KeyedStream<K, T> {
-    stream: Stream<T>,
-    key: Arc<dyn Fn(&T) -> K + Send + Sync>,
-    parallelism: Option<u32>,
+    pub(super) stream: Stream<T>,
+    pub(super) key: Arc<dyn Fn(&T) -> K + Send + Sync>,
+    pub(super) parallelism: Option<u32>,
 }
 
 /// Two streams to be processed together by one two-input operator.
 pub struct ConnectedStreams<A, B> {
-    left: Stream<A>,
-    right: Stream<B>,
+    pub(super) left: Stream<A>,
+    pub(super) right: Stream<B>,
 }
 
 fn valid_uid(uid: &str) -> bool {
@@ -127,7 +126,7 @@ impl Job {
         self
     }
 
-    fn add_stage(&self, uid: String, parallelism: u32, state_uids: Vec<String>) -> usize {
+    pub(super) fn add_stage(&self, uid: String, parallelism: u32, state_uids: Vec<String>) -> usize {
         let mut b = self.inner.borrow_mut();
         if !valid_uid(&uid) {
             b.errors.push(format!("id {uid:?} must be 1-128 characters of [A-Za-z0-9_.-]"));
@@ -159,29 +158,58 @@ impl Job {
         b.stages.len() - 1
     }
 
-    fn default_parallelism(&self) -> u32 {
+    pub(super) fn default_parallelism(&self) -> u32 {
         self.inner.borrow().parallelism
     }
 
-    /// A source with the job's default parallelism. `uid` names its offsets in checkpoints.
+    pub(super) fn max_parallelism(&self) -> u32 {
+        self.inner.borrow().max_parallelism
+    }
+
+    /// A source with the job's default parallelism. `uid` names its offsets in checkpoints. Each
+    /// source task gets a clone of `source` (see [`Job::source_from`] to build each one instead).
     pub fn source<S: Source + Clone>(&self, uid: &str, source: S) -> Stream<S::Item> {
         let p = self.default_parallelism();
         self.source_with_parallelism(uid, p, source)
     }
 
-    /// A source with its own parallelism.
+    /// A source with its own parallelism; each task gets a clone of `source`.
     pub fn source_with_parallelism<S: Source + Clone>(
         &self,
         uid: &str,
         parallelism: u32,
         source: S,
     ) -> Stream<S::Item> {
-        let stage = self.add_stage(uid.to_string(), parallelism, vec![uid.to_string()]);
-        let uid = uid.to_string();
         // A prototype each task clones (behind a mutex so that sources need not be `Sync`).
         let proto = std::sync::Mutex::new(source);
+        self.source_from_with_parallelism(uid, parallelism, move |_| {
+            proto.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        })
+    }
+
+    /// A source with the job's default parallelism, each task's instance built by `make` (called once
+    /// per task incarnation, before `open`): for sources that hold a connection or a file and cannot
+    /// be cloned.
+    pub fn source_from<S: Source>(
+        &self,
+        uid: &str,
+        make: impl Fn(&SourceContext) -> S + Send + Sync + 'static,
+    ) -> Stream<S::Item> {
+        let p = self.default_parallelism();
+        self.source_from_with_parallelism(uid, p, make)
+    }
+
+    /// A source with its own parallelism, each task's instance built by `make`.
+    pub fn source_from_with_parallelism<S: Source>(
+        &self,
+        uid: &str,
+        parallelism: u32,
+        make: impl Fn(&SourceContext) -> S + Send + Sync + 'static,
+    ) -> Stream<S::Item> {
+        let stage = self.add_stage(uid.to_string(), parallelism, vec![uid.to_string()]);
+        let uid = uid.to_string();
         let chain: ChainFn<S::Item> = Arc::new(move |ctx, tail| {
-            let mut s = proto.lock().expect("source prototype").clone();
+            let mut s = make(&SourceContext { uid: uid.clone(), subtask: ctx.subtask, parallelism: ctx.parallelism });
             let restored = match ctx.restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
                 Some(bytes) => Some(postcard::from_bytes::<S::Offset>(bytes).map_err(|e| TaskError::State {
                     uid: uid.clone(),
@@ -191,13 +219,7 @@ impl Job {
             };
             s.open(ctx.subtask, ctx.parallelism, restored)
                 .map_err(|m| TaskError::Source { uid: uid.clone(), message: m })?;
-            Ok(Box::new(SourceBody {
-                uid: uid.clone(),
-                source: s,
-                chain: tail,
-                buf: Vec::with_capacity(ctx.batch_size),
-                batch_size: ctx.batch_size,
-            }) as Box<dyn TaskBody>)
+            Ok(Box::new(SourceBody::new(ctx, uid.clone(), s, tail)) as Box<dyn TaskBody>)
         });
         Stream { job: self.clone(), parts: vec![Part { stage, chain }] }
     }
@@ -301,7 +323,12 @@ impl<T: Send + 'static> Stream<T> {
 
 impl<T: Data> Stream<T> {
     /// Close every part into an edge to `to`; each part's router is made by `part_fn`.
-    fn close_into(self, to: usize, kind: EdgeKind, part_fn: Arc<dyn Fn() -> Partitioner<T> + Send + Sync>) -> Job {
+    pub(super) fn close_into(
+        self,
+        to: usize,
+        kind: EdgeKind,
+        part_fn: Arc<dyn Fn() -> Partitioner<T> + Send + Sync>,
+    ) -> Job {
         let job = self.job.clone();
         for p in self.parts {
             let mut b = job.inner.borrow_mut();
@@ -378,11 +405,26 @@ impl<T: Data> Stream<T> {
     }
 
     /// End the stream in a sink with the upstream's parallelism, fused into the upstream task when the
-    /// stream comes from one stage. `uid` names the sink's transactions in checkpoints.
+    /// stream comes from one stage. `uid` names the sink's transactions in checkpoints. Each sink task
+    /// gets a clone of `sink` (see [`Stream::sink_from`] to build each one instead).
     pub fn sink<S: Sink<T> + Clone>(self, uid: &str, sink: S) {
+        let proto = std::sync::Mutex::new(sink);
+        self.sink_from(uid, move |_| proto.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
+    }
+
+    /// End the stream in a sink of its own parallelism behind a rebalance edge.
+    pub fn sink_with_parallelism<S: Sink<T> + Clone>(self, uid: &str, parallelism: u32, sink: S) {
+        self.rebalance(&format!("{uid}.in"), parallelism).sink(uid, sink)
+    }
+
+    /// Like [`Stream::sink`], each task's sink built by `make` from its [`SinkContext`] (called once
+    /// per task incarnation, before `open`): for sinks that hold a connection or a file and cannot be
+    /// cloned.
+    pub fn sink_from<S: Sink<T>>(self, uid: &str, make: impl Fn(&SinkContext) -> S + Send + Sync + 'static) {
         let stream = if self.parts.len() == 1 { self } else { self.forward(&format!("{uid}.in")) };
         let uid_s = uid.to_string();
         let job = stream.job.clone();
+        let make = Arc::new(make);
         for p in stream.parts {
             {
                 let mut b = job.inner.borrow_mut();
@@ -395,7 +437,7 @@ impl<T: Data> Stream<T> {
                 b.stages[p.stage].state_uids.push(uid_s.clone());
             }
             let chain = p.chain.clone();
-            let proto = std::sync::Mutex::new(sink.clone());
+            let make = make.clone();
             let uid = uid_s.clone();
             let factory: StageFactory = Arc::new(move |ctx| {
                 let sctx = SinkContext {
@@ -405,7 +447,7 @@ impl<T: Data> Stream<T> {
                     incarnation: ctx.incarnation,
                     job: ctx.job_id.clone(),
                 };
-                let sink = proto.lock().expect("sink prototype").clone();
+                let sink = make(&sctx);
                 let emit = SinkEmit::open(sink, sctx, ctx.restore, ctx.faults.clone())?;
                 chain(ctx, Box::new(emit))
             });
@@ -415,105 +457,13 @@ impl<T: Data> Stream<T> {
         }
     }
 
-    /// End the stream in a sink of its own parallelism behind a rebalance edge.
-    pub fn sink_with_parallelism<S: Sink<T> + Clone>(self, uid: &str, parallelism: u32, sink: S) {
-        self.rebalance(&format!("{uid}.in"), parallelism).sink(uid, sink)
-    }
-}
-
-impl<K: Key, T: Data> KeyedStream<K, T> {
-    /// Parallelism of the keyed operator (default: the job's).
-    pub fn parallelism(mut self, p: u32) -> Self {
-        self.parallelism = Some(p);
-        self
-    }
-
-    /// The general keyed operator: for every record, `f(key, state, record, out)` where `state` is the
-    /// key's value state (`None` when absent; set it to `None` to delete it). The state may be any
-    /// serialisable value, a map included. `uid` names the state in checkpoints: keep it stable.
-    pub fn process<S: StateValue, O: Send + 'static>(
+    /// Like [`Stream::sink_with_parallelism`], each task's sink built by `make`.
+    pub fn sink_from_with_parallelism<S: Sink<T>>(
         self,
         uid: &str,
-        f: impl Fn(&K, &mut Option<S>, T, &mut Output<O>) + Send + Sync + 'static,
-    ) -> Stream<O> {
-        let job = self.stream.job.clone();
-        let p = self.parallelism.unwrap_or_else(|| job.default_parallelism());
-        let stage = job.add_stage(uid.to_string(), p, vec![uid.to_string()]);
-        let key = self.key.clone();
-        let max_parallelism = job.inner.borrow().max_parallelism;
-        let part_key = key.clone();
-        let job = self.stream.close_into(
-            stage,
-            EdgeKind::Hash,
-            Arc::new(move || {
-                let k = part_key.clone();
-                Partitioner::Hash { key_hash: Arc::new(move |t: &T| stable_hash(&k(t))), max_parallelism }
-            }),
-        );
-        let f: KeyedFn<K, T, S, O> = Arc::new(f);
-        let uid = uid.to_string();
-        let chain: ChainFn<O> = Arc::new(move |ctx, tail| {
-            let inputs = ctx.take_inputs::<T>();
-            let mut op = KeyedProcessOp {
-                uid: uid.clone(),
-                key_fn: key.clone(),
-                f: f.clone(),
-                state: Default::default(),
-                range: KeyGroupRange::for_subtask(ctx.max_parallelism, ctx.parallelism, ctx.subtask),
-                max_parallelism: ctx.max_parallelism,
-                next: tail,
-            };
-            op.restore(ctx.restore)?;
-            Ok(Box::new(InputBody::new(ctx, inputs, Box::new(op))?) as Box<dyn TaskBody>)
-        });
-        Stream { job, parts: vec![Part { stage, chain }] }
-    }
-
-    /// Running reduction per key; emits the new value after every record.
-    pub fn reduce(self, uid: &str, f: impl Fn(&T, &T) -> T + Send + Sync + 'static) -> Stream<T>
-    where
-        T: StateValue,
-    {
-        self.process(uid, move |_k, state: &mut Option<T>, item: T, out| {
-            let next = match state.as_ref() {
-                Some(acc) => f(acc, &item),
-                None => item,
-            };
-            *state = Some(next.clone());
-            out.emit(next);
-        })
-    }
-
-    /// Running aggregate per key: `add` folds each record into the accumulator (created by `init`),
-    /// `result` turns the key and accumulator into the record emitted after every update.
-    pub fn aggregate<A: StateValue, O: Send + 'static>(
-        self,
-        uid: &str,
-        init: impl Fn() -> A + Send + Sync + 'static,
-        add: impl Fn(&mut A, T) + Send + Sync + 'static,
-        result: impl Fn(&K, &A) -> O + Send + Sync + 'static,
-    ) -> Stream<O> {
-        self.process(uid, move |k, state: &mut Option<A>, item: T, out| {
-            let acc = state.get_or_insert_with(&init);
-            add(acc, item);
-            out.emit(result(k, acc));
-        })
-    }
-}
-
-impl<A: Data, B: Data> ConnectedStreams<A, B> {
-    /// Key both inputs; the keyed operator then sees `Either::Left` / `Either::Right` records, each
-    /// key's records of both inputs at the same subtask with the same state.
-    pub fn key_by<K: Key>(
-        self,
-        left_key: impl Fn(&A) -> K + Send + Sync + 'static,
-        right_key: impl Fn(&B) -> K + Send + Sync + 'static,
-    ) -> KeyedStream<K, Either<A, B>> {
-        let l = self.left.map(Either::Left);
-        let r = self.right.map(Either::Right);
-        l.union(r).key_by(move |e: &Either<A, B>| match e {
-            Either::Left(a) => left_key(a),
-            Either::Right(b) => right_key(b),
-        })
+        parallelism: u32,
+        make: impl Fn(&SinkContext) -> S + Send + Sync + 'static,
+    ) {
+        self.rebalance(&format!("{uid}.in"), parallelism).sink_from(uid, make)
     }
 }

@@ -57,8 +57,13 @@ pub(crate) trait TaskBody: Send {
     fn poll_source(&mut self) -> Result<SourceStatus, TaskError>;
     /// Add this body's state (source offset, chain elements) and forward the barrier.
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError>;
+    /// The final barrier aligned: the chain emits what waits for the end of input (before the
+    /// barrier's snapshot).
+    fn on_input_end(&mut self) -> Result<(), TaskError>;
     fn on_end(&mut self) -> Result<(), TaskError>;
     fn on_complete(&mut self, c: CheckpointId) -> Result<(), TaskError>;
+    /// The task ends normally (input ended, the checkpoint that ends it complete).
+    fn on_close(&mut self) -> Result<(), TaskError>;
     fn flush(&mut self) -> Result<(), TaskError>;
     fn on_start(&mut self) -> Result<(), TaskError>;
     fn on_cancel(&mut self);
@@ -70,6 +75,8 @@ pub(crate) struct InputBody<T> {
     head: Box<dyn Emit<T>>,
     /// Restored channel state per input (encoded batches), replayed before anything new on that input.
     replay: Vec<VecDeque<Vec<u8>>>,
+    /// Restored from the final checkpoint: the end-of-input hooks ran before it.
+    input_ended: bool,
 }
 
 impl<T: Data> InputBody<T> {
@@ -101,7 +108,7 @@ impl<T: Data> InputBody<T> {
                 }
             }
         }
-        Ok(InputBody { inputs, head, replay })
+        Ok(InputBody { inputs, head, replay, input_ended: ctx.restore.input_ended })
     }
 }
 
@@ -179,11 +186,20 @@ impl<T: Data> TaskBody for InputBody<T> {
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
         self.head.on_barrier(b, snap)
     }
+    fn on_input_end(&mut self) -> Result<(), TaskError> {
+        if self.input_ended {
+            return Ok(());
+        }
+        self.head.on_input_end()
+    }
     fn on_end(&mut self) -> Result<(), TaskError> {
         self.head.on_end()
     }
     fn on_complete(&mut self, c: CheckpointId) -> Result<(), TaskError> {
         self.head.on_complete(c)
+    }
+    fn on_close(&mut self) -> Result<(), TaskError> {
+        self.head.on_close()
     }
     fn flush(&mut self) -> Result<(), TaskError> {
         self.head.flush()
@@ -196,13 +212,40 @@ impl<T: Data> TaskBody for InputBody<T> {
     }
 }
 
+/// Offsets of checkpoints in flight a source task keeps to tell its source which offset a completed
+/// checkpoint holds ([`Source::checkpoint_complete`]). Older entries are dropped first (their
+/// checkpoints were aborted, or a newer completion covers them).
+pub(crate) const SOURCE_OFFSETS_IN_FLIGHT: usize = 64;
+
 /// Body of a source task.
 pub(crate) struct SourceBody<S: Source> {
-    pub uid: String,
-    pub source: S,
-    pub chain: Box<dyn Emit<S::Item>>,
-    pub buf: Vec<S::Item>,
-    pub batch_size: usize,
+    uid: String,
+    source: S,
+    chain: Box<dyn Emit<S::Item>>,
+    buf: Vec<S::Item>,
+    batch_size: usize,
+    /// The offset each checkpoint in flight recorded, oldest first, at most
+    /// [`SOURCE_OFFSETS_IN_FLIGHT`].
+    in_flight: VecDeque<(CheckpointId, S::Offset)>,
+    /// Restored from the final checkpoint: the end-of-input hooks ran before it.
+    input_ended: bool,
+}
+
+impl<S: Source> SourceBody<S> {
+    pub fn new(ctx: &StageCtx<'_>, uid: String, source: S, chain: Box<dyn Emit<S::Item>>) -> SourceBody<S> {
+        SourceBody {
+            uid,
+            source,
+            chain,
+            buf: Vec::with_capacity(ctx.batch_size),
+            batch_size: ctx.batch_size,
+            in_flight: VecDeque::new(),
+            input_ended: ctx.restore.input_ended,
+        }
+    }
+    fn source_err(&self) -> impl Fn(String) -> TaskError + '_ {
+        |message| TaskError::Source { uid: self.uid.clone(), message }
+    }
 }
 
 impl<S: Source> TaskBody for SourceBody<S> {
@@ -222,10 +265,10 @@ impl<S: Source> TaskBody for SourceBody<S> {
         self.chain.has_credit()
     }
     fn poll_source(&mut self) -> Result<SourceStatus, TaskError> {
-        let status = self
-            .source
-            .poll(&mut self.buf, self.batch_size)
-            .map_err(|m| TaskError::Source { uid: self.uid.clone(), message: m })?;
+        let status = match self.source.poll(&mut self.buf, self.batch_size) {
+            Ok(status) => status,
+            Err(m) => return Err(self.source_err()(m)),
+        };
         if !self.buf.is_empty() {
             let batch = std::mem::replace(&mut self.buf, Vec::with_capacity(self.batch_size));
             self.chain.emit_batch(batch)?;
@@ -234,14 +277,41 @@ impl<S: Source> TaskBody for SourceBody<S> {
     }
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
         assert!(self.buf.is_empty(), "records buffered across a barrier");
-        snap.add(&self.uid, encode_plain(&self.uid, &self.source.offset())?);
+        let offset = self.source.offset();
+        snap.add(&self.uid, encode_plain(&self.uid, &offset)?);
+        if self.in_flight.len() == SOURCE_OFFSETS_IN_FLIGHT {
+            self.in_flight.pop_front();
+        }
+        self.in_flight.push_back((b.checkpoint, offset));
         self.chain.on_barrier(b, snap)
+    }
+    fn on_input_end(&mut self) -> Result<(), TaskError> {
+        if self.input_ended {
+            return Ok(());
+        }
+        self.chain.on_input_end()
     }
     fn on_end(&mut self) -> Result<(), TaskError> {
         self.chain.on_end()
     }
     fn on_complete(&mut self, c: CheckpointId) -> Result<(), TaskError> {
+        // The newest offset the completed checkpoint covers; older ones are covered by it.
+        let mut covered = None;
+        while self.in_flight.front().is_some_and(|(id, _)| *id <= c) {
+            covered = self.in_flight.pop_front();
+        }
+        if let Some((id, offset)) = covered {
+            if let Err(m) = self.source.checkpoint_complete(id, &offset) {
+                return Err(self.source_err()(m));
+            }
+        }
         self.chain.on_complete(c)
+    }
+    fn on_close(&mut self) -> Result<(), TaskError> {
+        if let Err(m) = self.source.close() {
+            return Err(self.source_err()(m));
+        }
+        self.chain.on_close()
     }
     fn flush(&mut self) -> Result<(), TaskError> {
         self.chain.flush()

@@ -1,7 +1,7 @@
 //! The per-record data path inside a task: a chain of [`Emit`] elements ending in a [`Router`](super::router::Router) (which
 //! batches records per output channel) or a sink. Stateless operators are fused here as chain elements.
 //!
-//! The chain also carries the control-plane hooks (`on_barrier`, `on_end`, `on_complete`) so that
+//! The chain also carries the control-plane hooks (`on_input_end`, `on_barrier`, `on_end`, `on_complete`, `on_close`) so that
 //! stateful elements snapshot and sinks prepare/commit in chain order. It does not decide when those
 //! hooks run: the task's control plane does (see `runtime::task`).
 
@@ -30,8 +30,17 @@ pub(crate) trait Emit<T>: Send {
     /// The task aligned `barrier`: add this element's state to `snap`, then pass the hook on. A router
     /// flushes and forwards the barrier; a sink prepares its transaction.
     fn on_barrier(&mut self, barrier: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError>;
+    /// The task aligned the final barrier (the job's bounded input is exhausted; never at a
+    /// stop-with-savepoint, whose input resumes later): emit what waits for the end of input, then
+    /// pass the hook on. Called right before [`Emit::on_barrier`] of that barrier, so what is emitted
+    /// here is part of the final checkpoint. Its output is like the output of one batch: it is pushed
+    /// whatever the credit.
+    fn on_input_end(&mut self) -> Result<(), TaskError>;
     /// Every input ended: flush and forward end-of-stream.
     fn on_end(&mut self) -> Result<(), TaskError>;
+    /// The task ends normally: its input ended and the checkpoint that ends it is complete (sinks
+    /// close here).
+    fn on_close(&mut self) -> Result<(), TaskError>;
     /// `checkpoint` is complete: commit what was prepared up to it.
     fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError>;
     /// The task starts running (after every task of the generation was built): sinks recover here.
@@ -40,7 +49,8 @@ pub(crate) trait Emit<T>: Send {
     fn on_cancel(&mut self) {}
 }
 
-/// Delegates every control hook but `on_barrier` to `self.next` (for elements with state of their own).
+/// Delegates every control hook but `on_barrier` and `on_input_end` to `self.next` (for elements with
+/// state of their own).
 macro_rules! delegate_lifecycle {
     () => {
         fn flush(&mut self) -> Result<(), TaskError> {
@@ -51,6 +61,9 @@ macro_rules! delegate_lifecycle {
         }
         fn on_end(&mut self) -> Result<(), TaskError> {
             self.next.on_end()
+        }
+        fn on_close(&mut self) -> Result<(), TaskError> {
+            self.next.on_close()
         }
         fn on_complete(&mut self, c: CheckpointId) -> Result<(), TaskError> {
             self.next.on_complete(c)
@@ -70,6 +83,9 @@ macro_rules! delegate_control {
     () => {
         fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
             self.next.on_barrier(b, snap)
+        }
+        fn on_input_end(&mut self) -> Result<(), TaskError> {
+            self.next.on_input_end()
         }
         $crate::dataflow::emit::delegate_lifecycle!();
     };

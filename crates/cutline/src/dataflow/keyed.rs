@@ -29,9 +29,45 @@ impl<O> Output<'_, O> {
     }
 }
 
-/// The user function of a keyed operator: key, the key's value state (None when absent; set it to None
-/// to delete), the record, and the output.
-pub(crate) type KeyedFn<K, T, S, O> = Arc<dyn Fn(&K, &mut Option<S>, T, &mut Output<O>) + Send + Sync>;
+/// The logic of a keyed operator ([`KeyedStream::process_with`](crate::KeyedStream::process_with)):
+/// what it does with each record, and at the end of the input.
+///
+/// `state` is the key's value state: `None` when the key has none; set it to `None` to delete it.
+/// State is checkpointed with the operator's uid and restored after a failure, so after a restore
+/// the operator sees exactly the state that the records before the checkpoint left.
+pub trait KeyedProcess<K, T, O>: Send + Sync + 'static {
+    /// The value state kept per key.
+    type State: StateValue;
+
+    /// One record of key `key`.
+    fn process(&self, key: &K, state: &mut Option<Self::State>, record: T, out: &mut Output<O>);
+
+    /// The job's bounded input is exhausted: called once for every key that has state, right before
+    /// the final checkpoint, so what it emits is part of the job's committed output (final results
+    /// of a batch aggregation, say). Not called when the job stops with a savepoint (its input
+    /// resumes later). By default it does nothing.
+    fn end_of_input(&self, key: &K, state: &mut Option<Self::State>, out: &mut Output<O>) {
+        let _ = (key, state, out);
+    }
+}
+
+/// A closure as a [`KeyedProcess`] with no end-of-input step.
+pub(crate) struct ProcessFn<F, S>(pub F, pub std::marker::PhantomData<fn() -> S>);
+
+impl<K, T, O, S, F> KeyedProcess<K, T, O> for ProcessFn<F, S>
+where
+    S: StateValue,
+    F: Fn(&K, &mut Option<S>, T, &mut Output<O>) + Send + Sync + 'static,
+{
+    type State = S;
+    #[inline]
+    fn process(&self, key: &K, state: &mut Option<S>, record: T, out: &mut Output<O>) {
+        (self.0)(key, state, record, out)
+    }
+}
+
+/// The shared logic of one keyed operator, as every task of it holds it.
+pub(crate) type KeyedFn<K, T, S, O> = Arc<dyn KeyedProcess<K, T, O, State = S>>;
 
 /// A keyed stateful operator: in-memory value state per key.
 pub(crate) struct KeyedProcessOp<K, T, S, O> {
@@ -44,7 +80,7 @@ pub(crate) struct KeyedProcessOp<K, T, S, O> {
     pub next: Box<dyn Emit<O>>,
 }
 
-impl<K: Key, T: Send, S: StateValue, O: Send> KeyedProcessOp<K, T, S, O> {
+impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp<K, T, S, O> {
     /// Load this subtask's key groups from a checkpoint, asserting that each key belongs here.
     pub fn restore(&mut self, index: &RestoreIndex) -> Result<(), TaskError> {
         let err = |m: String| TaskError::State { uid: self.uid.clone(), message: m };
@@ -72,16 +108,16 @@ impl<K: Key, T: Send, S: StateValue, O: Send> KeyedProcessOp<K, T, S, O> {
     }
 }
 
-impl<K: Key, T: Send, S: StateValue, O: Send> Emit<T> for KeyedProcessOp<K, T, S, O> {
+impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> Emit<T> for KeyedProcessOp<K, T, S, O> {
     #[inline]
     fn emit(&mut self, item: T) -> Result<(), TaskError> {
         let k = (self.key_fn)(&item);
         let mut out = Output { next: &mut *self.next, err: None };
         if let Some(slot) = self.state.get_mut(&k) {
-            (self.f)(&k, slot, item, &mut out);
+            self.f.process(&k, slot, item, &mut out);
         } else {
             let mut slot = None;
-            (self.f)(&k, &mut slot, item, &mut out);
+            self.f.process(&k, &mut slot, item, &mut out);
             if slot.is_some() {
                 self.state.insert(k, slot);
             }
@@ -102,6 +138,20 @@ impl<K: Key, T: Send, S: StateValue, O: Send> Emit<T> for KeyedProcessOp<K, T, S
         };
         snap.add(&self.uid, Box::new(image));
         self.next.on_barrier(b, snap)
+    }
+
+    fn on_input_end(&mut self) -> Result<(), TaskError> {
+        let mut out = Output { next: &mut *self.next, err: None };
+        for (k, slot) in self.state.iter_mut().filter(|(_, v)| v.is_some()) {
+            self.f.end_of_input(k, slot, &mut out);
+            if out.err.is_some() {
+                break;
+            }
+        }
+        if let Some(e) = out.err {
+            return Err(e);
+        }
+        self.next.on_input_end()
     }
 
     delegate_lifecycle!();

@@ -12,13 +12,14 @@ mod body;
 pub(crate) mod emit;
 mod graph;
 mod keyed;
+mod keyed_stream;
 mod router;
 mod sink_op;
 
 pub use api::{ConnectedStreams, Either, GraphError, Job, KeyedStream, Stream};
 pub use emit::DEFAULT_BATCH_SIZE;
 pub use graph::{EdgeKind, JobGraph};
-pub use keyed::Output;
+pub use keyed::{KeyedProcess, Output};
 
 pub(crate) use body::{channel_state_uid, ChannelState, Polled, TaskBody};
 pub(crate) use graph::{EdgePlan, StageCtx};

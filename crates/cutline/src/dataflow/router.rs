@@ -107,8 +107,16 @@ impl<T: Send> Emit<T> for Router<T> {
         self.send_all(|| Message::Barrier(b))
     }
 
+    fn on_input_end(&mut self) -> Result<(), TaskError> {
+        Ok(())
+    }
+
     fn on_end(&mut self) -> Result<(), TaskError> {
         self.send_all(|| Message::End)
+    }
+
+    fn on_close(&mut self) -> Result<(), TaskError> {
+        Ok(())
     }
 
     fn on_complete(&mut self, _c: CheckpointId) -> Result<(), TaskError> {

@@ -96,8 +96,14 @@ impl<T: Send + 'static, S: Sink<T>> Emit<T> for SinkEmit<T, S> {
         snap.add(&self.uid, encode_plain(&self.uid, &self.uncommitted)?);
         Ok(())
     }
+    fn on_input_end(&mut self) -> Result<(), TaskError> {
+        self.sink.end_of_input().map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })
+    }
     fn on_end(&mut self) -> Result<(), TaskError> {
         Ok(())
+    }
+    fn on_close(&mut self) -> Result<(), TaskError> {
+        self.sink.close().map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })
     }
     fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError> {
         let done: Vec<CheckpointId> = self.uncommitted.range(..=checkpoint).map(|(k, _)| *k).collect();

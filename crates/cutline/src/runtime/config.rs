@@ -34,7 +34,8 @@ pub struct RunConfig {
     pub batch_size: usize,
     /// Snapshot writer threads (default 1).
     pub snapshot_writers: usize,
-    /// Failure injection (drills, tests); none by default.
+    /// Failure injection (drills, tests; feature `testing`); none by default.
+    #[cfg(feature = "testing")]
     pub faults: Faults,
     /// How often the coordinator evaluates triggers and timeouts (default 1 ms).
     pub tick_ms: u64,
@@ -62,6 +63,7 @@ impl RunConfig {
             channel_capacity: DEFAULT_CHANNEL_CAPACITY,
             batch_size: crate::dataflow::DEFAULT_BATCH_SIZE,
             snapshot_writers: 1,
+            #[cfg(feature = "testing")]
             faults: Faults::none(),
             tick_ms: DEFAULT_TICK_MS,
             max_channel_state_bytes: DEFAULT_MAX_CHANNEL_STATE_BYTES,
@@ -70,8 +72,17 @@ impl RunConfig {
         }
     }
 
+    /// The failure-injection policy: the installed one with feature `testing`, none without.
+    pub(crate) fn faults(&self) -> Faults {
+        #[cfg(feature = "testing")]
+        return self.faults.clone();
+        #[cfg(not(feature = "testing"))]
+        return Faults::none();
+    }
+
     pub(crate) fn validate(&self) -> Result<(), RunError> {
         self.checkpoint.validate().map_err(RunError::Config)?;
+        self.restart.validate().map_err(RunError::Config)?;
         let bad = |m: &str| Err(RunError::Config(m.to_string()));
         if self.retain == 0 {
             return bad("retain must keep at least 1 checkpoint");

@@ -216,7 +216,7 @@ impl Backend for LocalBackend {
     ) -> Result<Deployed, DeployError> {
         let opts = DeployOptions {
             restore: index,
-            faults: cfg.faults.clone(),
+            faults: cfg.faults(),
             incarnation_base: generation.0 << 32,
             job_id: job_id(&cfg.job_fingerprint),
             batch_size: cfg.batch_size,
@@ -238,7 +238,7 @@ impl Backend for LocalBackend {
             graph,
             cfg.snapshot_writers,
             &cfg.store,
-            &cfg.faults,
+            &cfg.faults(),
             deployed,
             generation,
             started,

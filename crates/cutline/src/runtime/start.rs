@@ -53,7 +53,7 @@ pub(crate) fn load_checkpoint(
             expected: fingerprint.to_string(),
         });
     }
-    let mut index = RestoreIndex { checkpoint: Some(id), ..Default::default() };
+    let mut index = RestoreIndex { checkpoint: Some(id), input_ended: manifest.is_final, ..Default::default() };
     for h in &manifest.tasks {
         let payload = store.read_task_state(h)?;
         index

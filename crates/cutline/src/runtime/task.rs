@@ -197,8 +197,7 @@ impl Task {
                 }
                 self.last_completed = Some(c);
                 self.body.on_complete(c)?;
-                self.maybe_finish(env);
-                Ok(())
+                self.maybe_finish(env)
             }
             Control::Abort(c) => {
                 // Prepared sink data is committed by the next completed checkpoint; channel state
@@ -289,7 +288,7 @@ impl Task {
                     assert!(self.captures.is_empty(), "{}: channel state still recording after the end", self.name);
                     self.body.on_end()?;
                     self.ended = true;
-                    self.maybe_finish(env);
+                    self.maybe_finish(env)?;
                 }
             }
         }
@@ -457,6 +456,11 @@ impl Task {
         if let Some(f) = self.final_checkpoint {
             panic!("{}: barrier {} after the final checkpoint {f}", self.name, b.checkpoint);
         }
+        if b.kind == SnapshotKind::Final {
+            // The input is exhausted for good: what operators and sinks emit at its end belongs to
+            // this, the last, checkpoint.
+            self.body.on_input_end()?;
+        }
         let mut snap = SnapshotBuilder::default();
         // Copies state and forwards the barrier on every output before any later record.
         self.body.on_barrier(&b, &mut snap)?;
@@ -474,15 +478,17 @@ impl Task {
         Ok(())
     }
 
-    fn maybe_finish(&mut self, env: &mut dyn TaskEnv) {
+    fn maybe_finish(&mut self, env: &mut dyn TaskEnv) -> Result<(), TaskError> {
         if self.finished || !self.ended {
-            return;
+            return Ok(());
         }
         if let (Some(f), Some(l)) = (self.final_checkpoint, self.last_completed) {
             if l >= f {
+                self.body.on_close()?;
                 self.finished = true;
                 env.task_finished(self.id);
             }
         }
+        Ok(())
     }
 }

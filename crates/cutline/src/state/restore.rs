@@ -23,6 +23,9 @@ pub(crate) struct RestoreIndex {
     pub skipped: Vec<CheckpointId>,
     /// At-least-once mode: a fallback may commit output twice, and that is accepted.
     pub duplicates_allowed: bool,
+    /// The restored checkpoint is the final one: the job's input had ended and the end-of-input hooks
+    /// ran before it, so they must not run again (their output is in it).
+    pub input_ended: bool,
     /// Restored from this exported savepoint, not from the job's store.
     pub savepoint: Option<std::path::PathBuf>,
     pub elements: HashMap<String, Vec<RestoredPart>>,
