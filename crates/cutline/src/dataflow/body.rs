@@ -75,8 +75,9 @@ pub(crate) struct InputBody<T> {
     head: Box<dyn Emit<T>>,
     /// Restored channel state per input (encoded batches), replayed before anything new on that input.
     replay: Vec<VecDeque<Vec<u8>>>,
-    /// Restored from the final checkpoint: the end-of-input hooks ran before it.
+    /// The end-of-input hooks ran (in this incarnation, or before the restored checkpoint).
     input_ended: bool,
+    stage_uid: String,
 }
 
 impl<T: Data> InputBody<T> {
@@ -108,8 +109,20 @@ impl<T: Data> InputBody<T> {
                 }
             }
         }
-        Ok(InputBody { inputs, head, replay, input_ended: ctx.restore.input_ended })
+        Ok(InputBody { inputs, head, replay, input_ended: ended_before(ctx), stage_uid: ctx.stage_uid.clone() })
     }
+}
+
+/// The state element by which a stage's tasks record, in every checkpoint after the end of the input,
+/// that the end-of-input hooks already ran (their output is committed with the final checkpoint; a
+/// restore of it, or of a later checkpoint, must not run them again).
+pub(crate) fn input_ended_uid(stage_uid: &str) -> String {
+    format!("{stage_uid}/input-ended")
+}
+
+/// Did the end-of-input hooks of `stage_uid` run before the checkpoint being restored?
+fn ended_before(ctx: &StageCtx<'_>) -> bool {
+    ctx.restore.input_ended || ctx.restore.elements.contains_key(&input_ended_uid(&ctx.stage_uid))
 }
 
 /// The state element under which a stage's tasks keep their channel state.
@@ -184,10 +197,14 @@ impl<T: Data> TaskBody for InputBody<T> {
         unreachable!("not a source")
     }
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
+        if self.input_ended {
+            let uid = input_ended_uid(&self.stage_uid);
+            snap.add(&uid, encode_plain(&uid, &true)?);
+        }
         self.head.on_barrier(b, snap)
     }
     fn on_input_end(&mut self) -> Result<(), TaskError> {
-        if self.input_ended {
+        if std::mem::replace(&mut self.input_ended, true) {
             return Ok(());
         }
         self.head.on_input_end()
@@ -227,8 +244,9 @@ pub(crate) struct SourceBody<S: Source> {
     /// The offset each checkpoint in flight recorded, oldest first, at most
     /// [`SOURCE_OFFSETS_IN_FLIGHT`].
     in_flight: VecDeque<(CheckpointId, S::Offset)>,
-    /// Restored from the final checkpoint: the end-of-input hooks ran before it.
+    /// The end-of-input hooks ran (in this incarnation, or before the restored checkpoint).
     input_ended: bool,
+    stage_uid: String,
 }
 
 impl<S: Source> SourceBody<S> {
@@ -240,7 +258,8 @@ impl<S: Source> SourceBody<S> {
             buf: Vec::with_capacity(ctx.batch_size),
             batch_size: ctx.batch_size,
             in_flight: VecDeque::new(),
-            input_ended: ctx.restore.input_ended,
+            input_ended: ended_before(ctx),
+            stage_uid: ctx.stage_uid.clone(),
         }
     }
     fn source_err(&self) -> impl Fn(String) -> TaskError + '_ {
@@ -279,6 +298,10 @@ impl<S: Source> TaskBody for SourceBody<S> {
         assert!(self.buf.is_empty(), "records buffered across a barrier");
         let offset = self.source.offset();
         snap.add(&self.uid, encode_plain(&self.uid, &offset)?);
+        if self.input_ended {
+            let uid = input_ended_uid(&self.stage_uid);
+            snap.add(&uid, encode_plain(&uid, &true)?);
+        }
         if self.in_flight.len() == SOURCE_OFFSETS_IN_FLIGHT {
             self.in_flight.pop_front();
         }
@@ -286,7 +309,7 @@ impl<S: Source> TaskBody for SourceBody<S> {
         self.chain.on_barrier(b, snap)
     }
     fn on_input_end(&mut self) -> Result<(), TaskError> {
-        if self.input_ended {
+        if std::mem::replace(&mut self.input_ended, true) {
             return Ok(());
         }
         self.chain.on_input_end()

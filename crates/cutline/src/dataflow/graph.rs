@@ -2,7 +2,7 @@
 //! subtask) and edges (with the factories that make their channels). Built by the API, deployed by the
 //! runtime (`runtime::deploy`) any number of times; it runs nothing itself.
 
-use super::body::{channel_state_uid, TaskBody};
+use super::body::{channel_state_uid, input_ended_uid, TaskBody};
 use crate::channel::pump::{in_pump, out_pump, InPump, OutPump};
 use crate::channel::{channel, ChannelProbe, Data, Rx, Tx, Waker};
 use crate::error::TaskError;
@@ -189,6 +189,7 @@ impl JobGraph {
     pub(crate) fn state_uids(&self) -> Vec<String> {
         let mut v: Vec<String> = self.stages.iter().flat_map(|s| s.state_uids.iter().cloned()).collect();
         v.extend(self.stages.iter().filter(|s| !s.inputs.is_empty()).map(|s| channel_state_uid(&s.uid)));
+        v.extend(self.stages.iter().map(|s| input_ended_uid(&s.uid)));
         v
     }
 

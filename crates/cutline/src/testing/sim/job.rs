@@ -2,7 +2,7 @@
 
 use super::SimOptions;
 use crate::connectors::{GeneratorSource, MemoryTxnSink, MemoryTxnStore};
-use crate::dataflow::{Either, Job, JobGraph};
+use crate::dataflow::{Either, Job, JobGraph, KeyedProcess, Output};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -14,6 +14,45 @@ pub(super) fn right_key(i: u64, keys: u64) -> u64 {
 }
 pub(super) fn rules_key(i: u64, keys: u64) -> u64 {
     (i * 5 + 2) % keys
+}
+
+/// The join of the simulated job: counts each key's records of both inputs, emits the new count after
+/// every record, and once per key at the end of the input its totals (`E:key:left:right`), which must be
+/// committed exactly once whatever fails around the final checkpoint.
+struct Join;
+
+impl KeyedProcess<u64, Either<(u64, u64), (u64, u64)>, String> for Join {
+    type State = (u64, u64);
+    fn process(
+        &self,
+        k: &u64,
+        state: &mut Option<(u64, u64)>,
+        rec: Either<(u64, u64), (u64, u64)>,
+        out: &mut Output<String>,
+    ) {
+        let s = state.get_or_insert((0, 0));
+        match rec {
+            Either::Left(_) => {
+                s.0 += 1;
+                out.emit(format!("L:{k}:{}", s.0));
+            }
+            Either::Right(_) => {
+                s.1 += 1;
+                out.emit(format!("R:{k}:{}", s.1));
+            }
+        }
+    }
+    fn end_of_input(&self, k: &u64, state: &mut Option<(u64, u64)>, out: &mut Output<String>) {
+        if let Some((l, r)) = state {
+            out.emit(format!("E:{k}:{l}:{r}"));
+        }
+    }
+}
+
+/// An end-of-input line `E:key:left:right` as (key, left, right).
+pub(super) fn parse_totals(line: &str) -> Option<(u64, u64, u64)> {
+    let mut it = line.strip_prefix("E:")?.split(':').map(|p| p.parse::<u64>().ok());
+    Some((it.next()??, it.next()??, it.next()??))
 }
 
 /// The simulated job: two sources of different parallelism, connected into one keyed two-input
@@ -36,19 +75,7 @@ pub(super) fn sim_job(o: &SimOptions, out: Arc<Mutex<MemoryTxnStore>>) -> JobGra
     left.union(rules)
         .connect(right)
         .key_by(|l: &(u64, u64)| l.0, |r: &(u64, u64)| r.0)
-        .process("join", |k: &u64, state: &mut Option<(u64, u64)>, rec: Either<(u64, u64), (u64, u64)>, out| {
-            let s = state.get_or_insert((0, 0));
-            match rec {
-                Either::Left(_) => {
-                    s.0 += 1;
-                    out.emit(format!("L:{k}:{}", s.0));
-                }
-                Either::Right(_) => {
-                    s.1 += 1;
-                    out.emit(format!("R:{k}:{}", s.1));
-                }
-            }
-        })
+        .process_with("join", Join)
         // A rebalance edge from 2 to 3 subtasks, then the sink fused into them.
         .rebalance("spread", 3)
         .map(|s: String| s)
@@ -78,6 +105,7 @@ pub(super) fn expected_output(o: &SimOptions) -> Vec<String> {
     for (k, (l, r)) in expected_counts(o) {
         out.extend((1..=l).map(|n| format!("L:{k}:{n}")));
         out.extend((1..=r).map(|n| format!("R:{k}:{n}")));
+        out.push(format!("E:{k}:{l}:{r}"));
     }
     out.sort();
     out

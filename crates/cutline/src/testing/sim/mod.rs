@@ -35,7 +35,7 @@ use cutline_core::restart::RestartStrategy;
 use cutline_core::{CheckpointId, Generation, TimeMs};
 use cutline_storage::{FaultyStore, MemStore, StoreOp};
 use generation::{run_generation_sim, GenEnd};
-use job::{expected_output, sim_job};
+use job::{expected_output, parse_totals, sim_job};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -288,9 +288,16 @@ impl Sim {
                 // Every record of the failure-free run must be there; replays may add duplicates, and
                 // state that counted a replayed record twice emits higher counts.
                 let have: std::collections::BTreeSet<&String> = got.iter().collect();
-                let missing: Vec<&String> = expected.iter().filter(|e| !have.contains(e)).take(5).collect();
+                let missing: Vec<&String> =
+                    expected.iter().filter(|e| parse_totals(e).is_none() && !have.contains(e)).take(5).collect();
                 if !missing.is_empty() {
                     return Err(format!("seed {}: at-least-once output lost records, e.g. {missing:?}", self.seed));
+                }
+                // Each key's totals at the end of the input: at least once, and at least the true ones.
+                for (k, l, r) in expected.iter().filter_map(|e| parse_totals(e)) {
+                    if !got.iter().filter_map(|g| parse_totals(g)).any(|(gk, gl, gr)| gk == k && gl >= l && gr >= r) {
+                        return Err(format!("seed {}: at-least-once output lost the totals of key {k}", self.seed));
+                    }
                 }
             }
         }
