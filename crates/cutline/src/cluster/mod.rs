@@ -9,6 +9,8 @@
 //!   coordinator and workers (`proto`), the data links between workers (`data`), and the worker-side
 //!   aggregation of acknowledgements (`acks`).
 //!
+//! - Launcher: [`launch`] starts and supervises a coordinator and workers on one machine.
+//!
 //! It decides nothing about checkpoints: what arrives feeds the same pure coordinator the embedded
 //! runtime uses. It does not restart processes (a launcher or an operator's supervisor does).
 
@@ -16,6 +18,7 @@ pub(crate) mod acks;
 mod admit;
 mod coordinator;
 mod data;
+pub mod launch;
 pub(crate) mod proto;
 pub(crate) mod wire;
 mod worker;
