@@ -17,6 +17,7 @@ mod admit;
 mod coordinator;
 mod data;
 pub(crate) mod proto;
+mod shape;
 pub(crate) mod wire;
 mod worker;
 mod worker_deploy;
@@ -25,4 +26,5 @@ pub use coordinator::{
     spawn_cluster, ClusterConfig, DEFAULT_DEPLOY_TIMEOUT_MS, DEFAULT_HEARTBEAT_INTERVAL_MS,
     DEFAULT_HEARTBEAT_TIMEOUT_MS, DEFAULT_JOIN_TIMEOUT_MS, DEFAULT_REPLACEMENT_WAIT_MS,
 };
-pub use worker::{run_worker, JobBuilder, StoreOpener, WorkerConfig, DEFAULT_REJOIN_TIMEOUT_MS};
+pub use wire::FrameProtection;
+pub use worker::{run_worker, JobBuilder, StoreOpener, WorkerConfig, WorkerError, DEFAULT_REJOIN_TIMEOUT_MS};
