@@ -196,3 +196,109 @@ fn admit(mut stream: TcpStream, ctx: &AdmitCtx) {
         let _ = inbox.send(Inbox::Lost(id, "cannot start its threads".into()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::acks::TaskEvent;
+    use crate::cluster::coordinator::GenerationSink;
+    use crate::cluster::proto::WorkerSettings;
+    use crate::cluster::shape::GraphShape;
+    use crate::runtime::TaskReport;
+    use cutline_core::{Generation, TaskId};
+    use std::sync::Mutex;
+
+    const FLOOD_MESSAGES: u32 = 300;
+    const TEST_EVENT_QUEUE: usize = 2;
+
+    fn job() -> JobInfo {
+        JobInfo {
+            args: vec![],
+            fingerprint: "test".into(),
+            shape: GraphShape { max_parallelism: 1, stages: vec![], edges: vec![] },
+            state: "/nowhere".into(),
+            settings: WorkerSettings {
+                heartbeat_interval_ms: 1000,
+                heartbeat_timeout_ms: 5000,
+                channel_capacity: 1,
+                batch_size: 1,
+                max_channel_state_bytes: 1,
+                snapshot_writers: 1,
+                max_frame_bytes: 1 << 20,
+            },
+        }
+    }
+
+    #[test]
+    fn a_flooding_worker_is_backpressured_and_reports_only_its_own_tasks() {
+        let secret = Secret::new(vec![5; 32]).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (inbox_tx, inbox_rx) = crossbeam_channel::bounded(16);
+        let (ev_tx, ev_rx) = crossbeam_channel::bounded::<RtEvent>(TEST_EVENT_QUEUE);
+        // Tasks 0 and 2 are on worker 0 (the one that joins), 1 and 3 on worker 1.
+        let sink = GenerationSink { events: ev_tx, worker_of: Arc::new(vec![0, 1, 0, 1]) };
+        let (events, reports): (EventSink, Reports) = (Arc::new(Mutex::new(Some(sink))), Default::default());
+        let ctx = Arc::new(AdmitCtx {
+            secret: secret.clone(),
+            protection: FrameProtection::On,
+            job: job(),
+            inbox: inbox_tx,
+            events,
+            reports: reports.clone(),
+            clock: Instant::now(),
+            max_frame_bytes: 1 << 20,
+            heartbeat_interval_ms: 1000,
+            next_id: Default::default(),
+            handshakes: Default::default(),
+        });
+        std::thread::spawn(move || accept_workers(listener, ctx, Arc::new(AtomicBool::new(false))));
+
+        // The worker, by hand.
+        let mut s = TcpStream::connect(addr).unwrap();
+        let hello = proto::encode(&JoinHello { version: version(), name: "flood".into(), data_addr: "x:1".into() });
+        let mut est = wire::handshake_client(&mut s, &secret, FrameProtection::On, &hello, 1 << 20).unwrap();
+        assert!(matches!(inbox_rx.recv_timeout(Duration::from_secs(5)), Ok(Inbox::Joined(0, _))));
+        let mut buf = Vec::new();
+        let first = proto::read_message::<ToWorker>(&mut est.reader, &mut s.try_clone().unwrap(), &mut buf).unwrap();
+        assert!(matches!(first, ToWorker::Job { worker: 0, .. }));
+        let mut w = BufWriter::new(s.try_clone().unwrap());
+        let mut send = |m: &ToCoordinator| {
+            est.writer.write(&mut w, KIND_MESSAGE, &proto::encode(m)).unwrap();
+            w.flush().unwrap();
+        };
+        // Figures for its own tasks, another worker's and tasks the job does not have.
+        let tasks = [0u32, 1, 2, 3, 1_000_000].iter().map(|t| (*t, TaskReport::default())).collect();
+        send(&ToCoordinator::Heartbeat { tasks });
+        for i in 0..FLOOD_MESSAGES {
+            let finished = TaskEvent::TaskFinished { generation: Generation(1), task: TaskId(i) };
+            send(&ToCoordinator::Events(vec![finished]));
+        }
+        // Nobody drains the events: the queue stays at its bound and the reader waits.
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(ev_rx.len(), TEST_EVENT_QUEUE, "the queue holds what its bound allows, no more");
+        let placed: Vec<u32> = {
+            let mut v: Vec<u32> = reports.lock().unwrap().keys().copied().collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(placed, [0, 2], "only the figures of the worker's own tasks are kept");
+        // Backpressure, not loss: draining delivers every message, in order.
+        let mut got = Vec::new();
+        while got.len() < FLOOD_MESSAGES as usize {
+            match ev_rx.recv_timeout(Duration::from_secs(5)) {
+                Ok(RtEvent::Batch { worker: 0, events }) => got.extend(events),
+                Ok(_) => panic!("an event not from worker 0"),
+                Err(e) => panic!("only {} of {FLOOD_MESSAGES} events arrived: {e}", got.len()),
+            }
+        }
+        let tasks: Vec<u32> = got
+            .iter()
+            .map(|e| match e {
+                cutline_core::coordinator::Event::TaskFinished { task, .. } => task.0,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(tasks, (0..FLOOD_MESSAGES).collect::<Vec<_>>());
+    }
+}

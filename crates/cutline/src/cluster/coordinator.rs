@@ -10,9 +10,10 @@
 //! finds the latest complete checkpoint in storage and resumes from it).
 
 use super::admit::{accept_workers, AdmitCtx};
+use super::config::ClusterConfig;
 use super::proto::{message, DeployMsg, JobInfo, ToCoordinator, ToWorker, WireControl, WorkerSettings};
 use super::shape::GraphShape;
-use super::wire::{self, FrameProtection, Secret};
+use super::wire::Secret;
 use crate::dataflow::JobGraph;
 use crate::error::TaskError;
 use crate::runtime::run::{run_on, Backend, DeployError, Deployed, RtEvent};
@@ -28,16 +29,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Default interval of heartbeats, both ways.
-pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 200;
-/// Default silence after which a peer is lost.
-pub const DEFAULT_HEARTBEAT_TIMEOUT_MS: u64 = 3_000;
-/// How long the first generation waits for all workers to join.
-pub const DEFAULT_JOIN_TIMEOUT_MS: u64 = 120_000;
-/// How long a restart waits for lost workers to be replaced before it runs on fewer.
-pub const DEFAULT_REPLACEMENT_WAIT_MS: u64 = 5_000;
-/// How long the workers may take to deploy a generation (restore state, open links).
-pub const DEFAULT_DEPLOY_TIMEOUT_MS: u64 = 60_000;
 /// Messages queued for one worker before it counts as lost (it is not reading).
 pub(crate) const WORKER_QUEUE_MESSAGES: usize = 4096;
 /// Messages from the workers' connections (joins, answers, losses) queued for the coordinator loop.
@@ -47,71 +38,6 @@ pub(crate) const INBOX_MESSAGES: usize = 4096;
 /// After a generation fails over because a data link broke, how long the coordinator waits to learn
 /// whether the link's peer worker was lost, so that the failover names that worker.
 pub(crate) const LOST_WORKER_GRACE_MS: u64 = 250;
-/// How a coordinator runs a job on worker processes.
-#[derive(Clone)]
-pub struct ClusterConfig {
-    /// Where workers connect ("0.0.0.0:7070").
-    pub listen: String,
-    /// Workers a generation is placed on when all are there.
-    pub workers: usize,
-    /// Fewest workers a restart runs on after waiting `replacement_wait_ms` for the others.
-    pub min_workers: usize,
-    /// The cluster's shared secret (at least 16 bytes); peers prove they hold it, it is never sent.
-    pub secret: Vec<u8>,
-    /// The arguments workers build the job from (the job part of the command line).
-    pub job_args: Vec<String>,
-    /// The checkpoint storage every worker opens (a path every host sees, or `s3://bucket/prefix`).
-    pub state: String,
-    pub heartbeat_interval_ms: u64,
-    pub heartbeat_timeout_ms: u64,
-    pub join_timeout_ms: u64,
-    pub replacement_wait_ms: u64,
-    pub deploy_timeout_ms: u64,
-    pub max_frame_bytes: u32,
-    /// Whether the frames of the coordinator's connections are sealed (workers must agree).
-    pub frame_protection: FrameProtection,
-}
-
-impl ClusterConfig {
-    pub fn new(
-        listen: impl Into<String>,
-        workers: usize,
-        secret: Vec<u8>,
-        job_args: Vec<String>,
-        state: String,
-    ) -> Self {
-        ClusterConfig {
-            listen: listen.into(),
-            workers,
-            min_workers: 1,
-            secret,
-            job_args,
-            state,
-            heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
-            heartbeat_timeout_ms: DEFAULT_HEARTBEAT_TIMEOUT_MS,
-            join_timeout_ms: DEFAULT_JOIN_TIMEOUT_MS,
-            replacement_wait_ms: DEFAULT_REPLACEMENT_WAIT_MS,
-            deploy_timeout_ms: DEFAULT_DEPLOY_TIMEOUT_MS,
-            max_frame_bytes: wire::DEFAULT_MAX_FRAME_BYTES,
-            frame_protection: FrameProtection::default(),
-        }
-    }
-
-    fn validate(&self) -> Result<Secret, RunError> {
-        let bad = |m: String| Err(RunError::Config(m));
-        if self.workers == 0 || self.min_workers == 0 || self.min_workers > self.workers {
-            return bad(format!(
-                "a cluster needs at least 1 worker and 1 <= min workers <= workers (got {} and {})",
-                self.workers, self.min_workers
-            ));
-        }
-        if self.heartbeat_interval_ms == 0 || self.heartbeat_timeout_ms <= self.heartbeat_interval_ms {
-            return bad("the heartbeat timeout must be longer than the (positive) heartbeat interval".into());
-        }
-        Secret::new(self.secret.clone()).map_err(RunError::Config)
-    }
-}
-
 /// Start `graph` as the coordinator of a cluster on a background thread: workers join at
 /// `cluster.listen`, the coordinator places tasks on them, and controls the job like [`crate::spawn`].
 pub fn spawn_cluster(graph: JobGraph, cfg: RunConfig, cluster: ClusterConfig) -> Result<JobHandle, RunError> {

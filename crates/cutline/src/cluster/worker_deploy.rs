@@ -2,7 +2,7 @@
 //! open the data links to and from the other workers, start the tasks; and tearing it down.
 
 use super::acks::{AckAggregator, DEFAULT_MAX_ACK_HOLD_MS};
-use super::coordinator::DEFAULT_DEPLOY_TIMEOUT_MS;
+use super::config::DEFAULT_DEPLOY_TIMEOUT_MS;
 use super::data::{start_receiver, start_sender, Link};
 use super::proto::{self, DataHello, DeployMsg, WorkerSettings};
 use super::wire::{self, FrameProtection, Secret};

@@ -167,6 +167,9 @@ fn different_frame_protection_is_refused_on_both_sides_with_both_settings_named(
     assert!(c.is_ok() && s.is_ok());
 }
 
+/// An impostor's ACCEPT from (challenge, client nonce, rest of the client's response).
+type Forge = fn(&[u8], &[u8], &[u8]) -> Vec<u8>;
+
 #[test]
 fn a_server_without_the_secret_is_detected_by_the_client() {
     // A real server with another secret rejects the client first.
@@ -177,7 +180,7 @@ fn a_server_without_the_secret_is_detected_by_the_client() {
     assert!(matches!(c, Err(WireError::WrongSecret)), "{:?}", c.err());
 
     // An impostor that accepts anyone cannot prove it holds the secret.
-    let impostor = |forge: fn(&[u8], &[u8], &[u8]) -> Vec<u8>| {
+    let impostor = |forge: Forge| {
         move |s: &mut TcpStream| -> Result<(), WireError> {
             let mut challenge = vec![9u8; NONCE_BYTES];
             challenge.extend_from_slice(&protection_bytes(OFF));

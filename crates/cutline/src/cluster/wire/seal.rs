@@ -218,16 +218,16 @@ impl FrameReader {
         }
         let kind = read_frame(r, self.max_frame_bytes.saturating_add(TAG_BYTES as u32), payload)?;
         let n = o.next;
-        let opened = (payload.len() >= TAG_BYTES)
-            .then(|| {
-                // Lossless: read_frame read at most u32::MAX bytes.
-                let h = header(kind, payload.len() as u32);
-                let split = payload.len() - TAG_BYTES;
-                let tag = Tag::clone_from_slice(&payload[split..]);
-                payload.truncate(split);
-                o.cipher.decrypt_in_place_detached(&nonce(n), &h, payload, &tag).is_ok()
-            })
-            .unwrap_or(false);
+        let opened = if payload.len() >= TAG_BYTES {
+            // Lossless: read_frame read at most u32::MAX bytes.
+            let h = header(kind, payload.len() as u32);
+            let split = payload.len() - TAG_BYTES;
+            let tag = Tag::clone_from_slice(&payload[split..]);
+            payload.truncate(split);
+            o.cipher.decrypt_in_place_detached(&nonce(n), &h, payload, &tag).is_ok()
+        } else {
+            false
+        };
         if !opened {
             o.failed = true;
             payload.clear();
