@@ -7,6 +7,8 @@
 2. Checkpoint duration with a local directory against an S3-compatible store (needs the variables
    of `eval "$(scripts/s3-test-server)"`; skipped with a note otherwise).
 3. Recovery time after a SIGKILLed worker (from the kill until the restored job runs again).
+4. The cost of frame protection: 2 worker processes with sealed frames (`--frame-protection on`;
+   `auto` does not seal on loopback) against unsealed ones. `--protection-only` runs just this pair.
 
 Prints every run's line and then the medians. Build first:
   cargo build --release -p cutline-cli --features s3
@@ -33,6 +35,7 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--events", type=int, default=200_000_000)
     p.add_argument("--bin", default="target/release/cutline")
+    p.add_argument("--protection-only", action="store_true")
     a = p.parse_args()
     ev = str(a.events)
     results = {}
@@ -44,8 +47,14 @@ def main():
     bucket = os.environ.get("CUTLINE_S3_BUCKET", "cutline-test")
     for rep in range(a.reps):
         common = ["--events", ev, "--parallelism", "2", "--checkpoint-interval", "1s"]
+        two = common + ["--workers", "2"]
+        if a.protection_only:
+            add("2 worker processes, frames not sealed", run(a.bin, two + ["--frame-protection", "off"]))
+            add("2 worker processes, frames sealed", run(a.bin, two + ["--frame-protection", "on"]))
+            continue
         add("1 process", run(a.bin, common))
-        add("2 worker processes", run(a.bin, common + ["--workers", "2"]))
+        add("2 worker processes", run(a.bin, two))
+        add("2 worker processes, frames sealed", run(a.bin, two + ["--frame-protection", "on"]))
         ck = ["--events", str(a.events // 2), "--parallelism", "2", "--checkpoint-interval", "200ms"]
         add("checkpoints: local directory", run(a.bin, ck))
         if s3:
@@ -60,6 +69,8 @@ def main():
         if name.startswith("recovery"):
             continue
         print(f"| {name} | {len(results[name])} | {med(name, 'events_per_s'):,.0f} | {med(name, 'duration_p50_ms'):.0f} | {med(name, 'duration_p99_ms'):.0f} |")
+    if a.protection_only:
+        return
     rec = [int(r["recovery_ms"]) for r in results["recovery after a killed worker"]]
     print(f"\nrecovery after a killed worker: median {statistics.median(rec):.0f} ms, all {sorted(rec)}")
     if not s3:

@@ -79,6 +79,10 @@ pub(crate) struct ClusterArgs {
     /// A peer silent this long is lost.
     #[arg(long, default_value = "3s")]
     pub(crate) heartbeat_timeout: String,
+    /// Seal every frame of the cluster's connections (AES-256-GCM with per-connection keys from the
+    /// secret): `auto` (unless both ends are loopback addresses), `on` or `off`. Workers must agree.
+    #[arg(long, default_value = "auto", value_name = "auto|on|off")]
+    pub(crate) frame_protection: cutline::cluster::FrameProtection,
 }
 
 pub(crate) fn read_secret(path: Option<&Path>) -> Result<Vec<u8>> {

@@ -34,6 +34,7 @@ pub(crate) struct BenchArgs {
     pub(crate) state: Option<String>,
     pub(crate) kill_worker_after: Option<String>,
     pub(crate) channel_capacity: usize,
+    pub(crate) frame_protection: cutline::cluster::FrameProtection,
 }
 
 pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
@@ -82,12 +83,14 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
         let mut cluster =
             ClusterConfig::new(&addr, a.workers, std::fs::read(&secret_file)?, job_args.clone(), state.clone());
         cluster.heartbeat_timeout_ms = 2_000;
+        cluster.frame_protection = a.frame_protection;
         let handle = cutline::cluster::spawn_cluster(graph, cfg, cluster)?;
         let exe = std::env::current_exe()?;
         let worker = || {
             Command::new(&exe)
                 .args(["worker", "--join", &addr, "--secret-file"])
                 .arg(&secret_file)
+                .args(["--frame-protection", &a.frame_protection.to_string()])
                 .stderr(std::process::Stdio::null())
                 .spawn()
         };

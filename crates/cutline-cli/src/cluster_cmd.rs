@@ -12,12 +12,15 @@ pub(crate) fn worker(
     listen: String,
     advertise: Option<String>,
     rejoin_timeout: &str,
+    frame_protection: cutline::cluster::FrameProtection,
 ) -> Result<()> {
     let mut cfg = WorkerConfig::new(join, read_secret(secret_file)?);
     cfg.listen = listen;
     cfg.advertise = advertise;
     cfg.rejoin_timeout_ms = ms_flag("rejoin-timeout", rejoin_timeout)?;
-    cutline::cluster::run_worker(cfg, &build_job, &open_store).map_err(anyhow::Error::msg)
+    cfg.frame_protection = frame_protection;
+    cfg.secret_origin = secret_file.map(|p| p.display().to_string());
+    Ok(cutline::cluster::run_worker(cfg, &build_job, &open_store)?)
 }
 
 /// A local cluster: the coordinator and `workers` worker processes of this binary, each restarted
@@ -74,9 +77,13 @@ pub(crate) fn launch_cluster(workers: usize, job: &[String], verbose: bool) -> R
     let level = verbose.then_some((crate::logging::LEVEL_VAR, "info"));
     let start_coord =
         || Command::new(&exe).args(&coord_args).envs(level).spawn().context("cannot start the coordinator");
+    // The workers seal frames as the coordinator does.
+    let protection = job.iter().position(|a| a == "--frame-protection").and_then(|i| job.get(i + 1));
+    let protection: Vec<&str> = protection.map(|p| vec!["--frame-protection", p.as_str()]).unwrap_or_default();
     let start_worker = || {
         Command::new(&exe)
             .args(["worker", "--join", &addr, "--secret-file", &secret_s])
+            .args(&protection)
             .envs(level)
             .spawn()
             .context("cannot start a worker")

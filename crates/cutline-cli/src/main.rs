@@ -105,6 +105,10 @@ enum Cmd {
         /// How long to keep trying to reach a coordinator that is gone before exiting.
         #[arg(long, default_value = "60s")]
         rejoin_timeout: String,
+        /// Seal every frame (see `cutline run wordcount --frame-protection`): auto, on or off; the
+        /// coordinator and the other workers must agree.
+        #[arg(long, default_value = "auto", value_name = "auto|on|off")]
+        frame_protection: cutline::cluster::FrameProtection,
     },
     /// Start a coordinator and N workers on this machine (a local cluster) for a job, and restart any
     /// of them that dies until the job is over.
@@ -144,6 +148,9 @@ enum Cmd {
         /// Batches per channel (credit).
         #[arg(long, default_value_t = cutline::runtime::DEFAULT_CHANNEL_CAPACITY)]
         channel_capacity: usize,
+        /// With --workers: seal the cluster's frames (auto: not on loopback, so `on` measures it).
+        #[arg(long, default_value = "auto", value_name = "auto|on|off")]
+        frame_protection: cutline::cluster::FrameProtection,
     },
     /// How long the coordinator takes per checkpoint for many simulated tasks, with acknowledgements
     /// aggregated per worker (one message per worker) or not (one per task).
@@ -193,8 +200,8 @@ fn main() {
         Cmd::Savepoint { state, to, stop } => savepoint(&state, to.as_deref(), stop),
         Cmd::Status { state } => status(&state),
         Cmd::Drill { seed, runs, sim_seeds } => drill(seed, runs, sim_seeds),
-        Cmd::Worker { join, secret_file, listen, advertise, rejoin_timeout } => {
-            worker(join, secret_file.as_deref(), listen, advertise, &rejoin_timeout)
+        Cmd::Worker { join, secret_file, listen, advertise, rejoin_timeout, frame_protection } => {
+            worker(join, secret_file.as_deref(), listen, advertise, &rejoin_timeout, frame_protection)
         }
         Cmd::Cluster { workers, job } => launch_cluster(workers, &job, cli.verbose),
         Cmd::BenchCoordinator { tasks, workers, checkpoints } => bench_coordinator(tasks, &workers, checkpoints),
@@ -208,8 +215,10 @@ fn main() {
             state,
             kill_worker_after,
             channel_capacity,
+            frame_protection,
         } => bench(&BenchArgs {
             channel_capacity,
+            frame_protection,
             events,
             keys,
             parallelism,

@@ -182,6 +182,7 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
             cluster.replacement_wait_ms = ms_flag("replacement-wait", &c.replacement_wait)?;
             cluster.heartbeat_interval_ms = ms_flag("heartbeat-interval", &c.heartbeat_interval)?;
             cluster.heartbeat_timeout_ms = ms_flag("heartbeat-timeout", &c.heartbeat_timeout)?;
+            cluster.frame_protection = c.frame_protection;
             cutline::cluster::spawn_cluster(graph, cfg, cluster)?
         }
     };

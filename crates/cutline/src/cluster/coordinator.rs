@@ -10,8 +10,10 @@
 //! finds the latest complete checkpoint in storage and resumes from it).
 
 use super::admit::{accept_workers, AdmitCtx};
-use super::proto::{frame, DeployMsg, JobInfo, ToCoordinator, ToWorker, WireControl, WorkerSettings};
-use super::wire::{self, Secret};
+use super::config::ClusterConfig;
+use super::proto::{message, DeployMsg, JobInfo, ToCoordinator, ToWorker, WireControl, WorkerSettings};
+use super::shape::GraphShape;
+use super::wire::Secret;
 use crate::dataflow::JobGraph;
 use crate::error::TaskError;
 use crate::runtime::run::{run_on, Backend, DeployError, Deployed, RtEvent};
@@ -27,80 +29,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Default interval of heartbeats, both ways.
-pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 200;
-/// Default silence after which a peer is lost.
-pub const DEFAULT_HEARTBEAT_TIMEOUT_MS: u64 = 3_000;
-/// How long the first generation waits for all workers to join.
-pub const DEFAULT_JOIN_TIMEOUT_MS: u64 = 120_000;
-/// How long a restart waits for lost workers to be replaced before it runs on fewer.
-pub const DEFAULT_REPLACEMENT_WAIT_MS: u64 = 5_000;
-/// How long the workers may take to deploy a generation (restore state, open links).
-pub const DEFAULT_DEPLOY_TIMEOUT_MS: u64 = 60_000;
 /// Messages queued for one worker before it counts as lost (it is not reading).
 pub(crate) const WORKER_QUEUE_MESSAGES: usize = 4096;
-/// How a coordinator runs a job on worker processes.
-#[derive(Clone)]
-pub struct ClusterConfig {
-    /// Where workers connect ("0.0.0.0:7070").
-    pub listen: String,
-    /// Workers a generation is placed on when all are there.
-    pub workers: usize,
-    /// Fewest workers a restart runs on after waiting `replacement_wait_ms` for the others.
-    pub min_workers: usize,
-    /// The cluster's shared secret (at least 16 bytes); peers prove they hold it, it is never sent.
-    pub secret: Vec<u8>,
-    /// The arguments workers build the job from (the job part of the command line).
-    pub job_args: Vec<String>,
-    /// The checkpoint storage every worker opens (a path every host sees, or `s3://bucket/prefix`).
-    pub state: String,
-    pub heartbeat_interval_ms: u64,
-    pub heartbeat_timeout_ms: u64,
-    pub join_timeout_ms: u64,
-    pub replacement_wait_ms: u64,
-    pub deploy_timeout_ms: u64,
-    pub max_frame_bytes: u32,
-}
-
-impl ClusterConfig {
-    pub fn new(
-        listen: impl Into<String>,
-        workers: usize,
-        secret: Vec<u8>,
-        job_args: Vec<String>,
-        state: String,
-    ) -> Self {
-        ClusterConfig {
-            listen: listen.into(),
-            workers,
-            min_workers: 1,
-            secret,
-            job_args,
-            state,
-            heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
-            heartbeat_timeout_ms: DEFAULT_HEARTBEAT_TIMEOUT_MS,
-            join_timeout_ms: DEFAULT_JOIN_TIMEOUT_MS,
-            replacement_wait_ms: DEFAULT_REPLACEMENT_WAIT_MS,
-            deploy_timeout_ms: DEFAULT_DEPLOY_TIMEOUT_MS,
-            max_frame_bytes: wire::DEFAULT_MAX_FRAME_BYTES,
-        }
-    }
-
-    fn validate(&self) -> Result<Secret, RunError> {
-        let bad = |m: String| Err(RunError::Config(m));
-        if self.workers == 0 || self.min_workers == 0 || self.min_workers > self.workers {
-            return bad(format!(
-                "a cluster needs at least 1 worker and 1 <= min workers <= workers (got {} and {})",
-                self.workers, self.min_workers
-            ));
-        }
-        if self.heartbeat_interval_ms == 0 || self.heartbeat_timeout_ms <= self.heartbeat_interval_ms {
-            return bad("the heartbeat timeout must be longer than the (positive) heartbeat interval".into());
-        }
-        Secret::new(self.secret.clone()).map_err(RunError::Config)
-    }
-}
-
+/// Messages from the workers' connections (joins, answers, losses) queued for the coordinator loop.
+/// A connection's reader blocks while the queue is full, so a worker that floods the coordinator is
+/// backpressured through its own connection and costs no memory beyond this.
+pub(crate) const INBOX_MESSAGES: usize = 4096;
+/// After a generation fails over because a data link broke, how long the coordinator waits to learn
+/// whether the link's peer worker was lost, so that the failover names that worker.
+pub(crate) const LOST_WORKER_GRACE_MS: u64 = 250;
 /// Start `graph` as the coordinator of a cluster on a background thread: workers join at
 /// `cluster.listen`, the coordinator places tasks on them, and controls the job like [`crate::spawn`].
 pub fn spawn_cluster(graph: JobGraph, cfg: RunConfig, cluster: ClusterConfig) -> Result<JobHandle, RunError> {
@@ -115,7 +52,7 @@ pub fn spawn_cluster(graph: JobGraph, cfg: RunConfig, cluster: ClusterConfig) ->
     let thread = std::thread::Builder::new()
         .name(format!("cutline-{}", graph.name()))
         .spawn(move || {
-            let mut backend = ClusterBackend::start(listener, secret, cluster, &cfg)?;
+            let mut backend = ClusterBackend::start(listener, secret, cluster, &cfg, &graph)?;
             let r = run_on(&graph, cfg, &rx, &mut backend);
             let reason = match &r {
                 Ok(rep) if rep.stopped => "the job was stopped".to_string(),
@@ -133,7 +70,7 @@ pub fn spawn_cluster(graph: JobGraph, cfg: RunConfig, cluster: ClusterConfig) ->
 pub(crate) struct WorkerConn {
     pub(crate) name: String,
     pub(crate) data_addr: String,
-    pub(crate) out: Sender<Vec<u8>>,
+    pub(crate) out: Sender<Arc<[u8]>>,
     pub(crate) stream: TcpStream,
     /// Coordinator-clock ms of the last message from it.
     pub(crate) last_heard: Arc<AtomicU64>,
@@ -145,8 +82,15 @@ pub(crate) enum Inbox {
     Lost(u32, String),
 }
 
+/// Where the connection readers put what workers say about the current generation's tasks.
+pub(crate) struct GenerationSink {
+    pub(crate) events: Sender<RtEvent>,
+    /// The worker of every task, by task id: a worker's figures count only for its own tasks.
+    pub(crate) worker_of: Arc<Vec<u32>>,
+}
+
 /// The current generation's event sink, shared with the connection readers (acks go straight in).
-pub(crate) type EventSink = Arc<Mutex<Option<(Generation, Sender<RtEvent>)>>>;
+pub(crate) type EventSink = Arc<Mutex<Option<GenerationSink>>>;
 /// The latest flow-control figures per task, from workers' heartbeats.
 pub(crate) type Reports = Arc<Mutex<HashMap<u32, TaskReport>>>;
 
@@ -169,11 +113,21 @@ struct ClusterBackend {
     listen_addr: Option<SocketAddr>,
     /// A member of the current generation dropped outside `pump_inbox` (its queue was full).
     lost: Option<String>,
+    /// A worker refused the job (it builds another graph): the next deployment fails for good.
+    refused: Option<String>,
+    /// Data links of the current generation that workers reported broken: (reporter, peer, why).
+    link_failures: Vec<(u32, u32, String)>,
 }
 
 impl ClusterBackend {
-    fn start(listener: TcpListener, secret: Secret, cluster: ClusterConfig, cfg: &RunConfig) -> Result<Self, RunError> {
-        let (tx, inbox) = crossbeam_channel::unbounded();
+    fn start(
+        listener: TcpListener,
+        secret: Secret,
+        cluster: ClusterConfig,
+        cfg: &RunConfig,
+        graph: &JobGraph,
+    ) -> Result<Self, RunError> {
+        let (tx, inbox) = crossbeam_channel::bounded(INBOX_MESSAGES);
         let events: EventSink = Default::default();
         let reports: Reports = Default::default();
         let clock = Instant::now();
@@ -190,6 +144,7 @@ impl ClusterBackend {
         let job = JobInfo {
             args: cluster.job_args.clone(),
             fingerprint: cfg.job_fingerprint.clone(),
+            shape: GraphShape::of(graph),
             state: cluster.state.clone(),
             settings,
         };
@@ -197,6 +152,7 @@ impl ClusterBackend {
         let (ev, rep, closing2) = (events.clone(), reports.clone(), closing.clone());
         let ctx = AdmitCtx {
             secret,
+            protection: cluster.frame_protection,
             job,
             inbox: tx,
             events: ev,
@@ -232,6 +188,8 @@ impl ClusterBackend {
             closing,
             listen_addr,
             lost: None,
+            refused: None,
+            link_failures: Vec::new(),
         })
     }
 
@@ -239,9 +197,9 @@ impl ClusterBackend {
         self.clock.elapsed().as_millis() as u64
     }
 
-    fn send(&mut self, w: u32, frame: Vec<u8>) {
+    fn send(&mut self, w: u32, m: Arc<[u8]>) {
         let full = match self.workers.get(&w) {
-            Some(c) => c.out.try_send(frame).is_err(),
+            Some(c) => c.out.try_send(m).is_err(),
             None => return,
         };
         if full {
@@ -249,14 +207,18 @@ impl ClusterBackend {
         }
     }
 
-    fn drop_worker(&mut self, w: u32, why: String) {
-        if let Some(c) = self.workers.remove(&w) {
-            tracing::warn!(event = "worker_lost", worker = w, reason = %why, "worker {w} ({}) lost: {why}", c.name);
-            let _ = c.stream.shutdown(Shutdown::Both);
-            if self.members.contains(&w) {
-                self.lost.get_or_insert(format!("worker {w} lost: {why}"));
-            }
+    /// Forget worker `w` and close its connection. Returns why, if it was a member of the current
+    /// generation (which then fails over); that reason is also kept in `lost` until taken.
+    fn drop_worker(&mut self, w: u32, why: String) -> Option<String> {
+        let c = self.workers.remove(&w)?;
+        tracing::warn!(event = "worker_lost", worker = w, reason = %why, "worker {w} ({}) lost: {why}", c.name);
+        let _ = c.stream.shutdown(Shutdown::Both);
+        if !self.members.contains(&w) {
+            return None;
         }
+        let reason = format!("worker {w} ({}) lost: {why}", c.name);
+        self.lost.get_or_insert(reason.clone());
+        Some(reason)
     }
 
     /// Take in what arrived: joins, losses, answers. Returns the answers (for a waiting caller) and
@@ -276,11 +238,26 @@ impl ClusterBackend {
                     self.workers.insert(w, conn);
                 }
                 Inbox::Lost(w, why) => {
-                    if self.workers.contains_key(&w) {
-                        self.drop_worker(w, why.clone());
-                        if self.members.contains(&w) {
-                            lost_member.get_or_insert(format!("worker {w} lost: {why}"));
-                        }
+                    if let Some(reason) = self.drop_worker(w, why) {
+                        lost_member.get_or_insert(reason);
+                    }
+                }
+                Inbox::Msg(w, ToCoordinator::Refused { reason }) => {
+                    let name = self.workers.get(&w).map(|c| c.name.clone()).unwrap_or_default();
+                    tracing::warn!(
+                        event = "worker_refused",
+                        worker = w,
+                        reason = %reason,
+                        "worker {w} ({name}) cannot run this job: {reason}"
+                    );
+                    self.refused.get_or_insert(format!("worker {w} ({name}) cannot run this job: {reason}"));
+                    if let Some(r) = self.drop_worker(w, "it cannot run this job".into()) {
+                        lost_member.get_or_insert(r);
+                    }
+                }
+                Inbox::Msg(w, ToCoordinator::LinkFailed { generation, peer, reason }) => {
+                    if Some(generation) == self.generation {
+                        self.link_failures.push((w, peer, reason));
                     }
                 }
                 Inbox::Msg(w, m) => answers.push((w, m)),
@@ -298,14 +275,15 @@ impl ClusterBackend {
             .collect();
         for w in silent {
             let why = format!("no heartbeat for more than {} ms", self.cluster.heartbeat_timeout_ms);
-            self.drop_worker(w, why.clone());
-            if self.members.contains(&w) {
-                lost_member.get_or_insert(format!("worker {w} lost: {why}"));
+            if let Some(reason) = self.drop_worker(w, why) {
+                lost_member.get_or_insert(reason);
             }
         }
         // (Heartbeats to workers go from each worker's writer thread: a coordinator loop busy with
         // storage never makes its workers think it is gone.)
-        lost_member.or_else(|| self.lost.take())
+        // Every reason of this round was also kept in `lost`: take it, so it is not reported twice.
+        let kept = self.lost.take();
+        lost_member.or(kept)
     }
 
     /// Wait for enough workers for the next generation.
@@ -316,6 +294,12 @@ impl ClusterBackend {
         loop {
             let mut answers = Vec::new();
             self.pump_inbox(&mut answers);
+            if let Some(refused) = self.refused.take() {
+                return Err(DeployError::Refused(format!(
+                    "{refused}; every process of a cluster must build the same job graph from the job's arguments: \
+                     run the same binary with the same job everywhere"
+                )));
+            }
             let live = self.workers.len();
             let waited = started.elapsed().as_millis() as u64;
             if live >= all {
@@ -376,7 +360,9 @@ impl Backend for ClusterBackend {
         self.source_workers.sort_unstable();
         self.source_workers.dedup();
         self.generation = Some(generation);
-        *self.events.lock().expect("event sink") = Some((generation, events));
+        self.link_failures.clear();
+        *self.events.lock().expect("event sink") =
+            Some(GenerationSink { events, worker_of: Arc::new(self.worker_of.clone()) });
         let msg = DeployMsg {
             generation,
             now_ms: _started.elapsed().as_millis() as u64,
@@ -387,7 +373,7 @@ impl Backend for ClusterBackend {
             worker_of,
             peers,
         };
-        let f = frame(&ToWorker::Deploy(msg));
+        let f = message(&ToWorker::Deploy(msg));
         for w in &members {
             self.send(*w, f.clone());
         }
@@ -428,7 +414,7 @@ impl Backend for ClusterBackend {
 
     fn send_all(&mut self, c: Control, sources_only: bool) {
         let (Some(generation), Some(control)) = (self.generation, WireControl::from_control(&c)) else { return };
-        let f = frame(&ToWorker::Control { generation, control, sources_only });
+        let f = message(&ToWorker::Control { generation, control, sources_only });
         let to = if sources_only { self.source_workers.clone() } else { self.members.clone() };
         for w in to {
             self.send(w, f.clone());
@@ -478,6 +464,28 @@ impl Backend for ClusterBackend {
         self.pump_inbox(&mut answers)
     }
 
+    /// A task failure ends the generation. If it is the echo of a lost worker (a task saw its data
+    /// link to that worker break), the failover names the worker: a loss already queued is taken, and
+    /// when a worker reported a broken link, its peer gets [`LOST_WORKER_GRACE_MS`] to turn out lost.
+    fn failover_reason(&mut self, reason: String) -> String {
+        let mut answers = Vec::new();
+        let deadline = Instant::now() + Duration::from_millis(LOST_WORKER_GRACE_MS);
+        loop {
+            if let Some(lost) = self.pump_inbox(&mut answers) {
+                return format!("{lost} (first reported as: {reason})");
+            }
+            let suspect = self.link_failures.iter().any(|(_, peer, _)| self.workers.contains_key(peer));
+            if !suspect || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        match self.link_failures.first() {
+            Some((w, peer, why)) => format!("{reason} (worker {w} lost its data link with worker {peer}: {why})"),
+            None => reason,
+        }
+    }
+
     fn task_reports(&self, names: &[String]) -> Vec<TaskReport> {
         let reports = self.reports.lock().expect("reports");
         names
@@ -492,9 +500,10 @@ impl Backend for ClusterBackend {
 
     fn teardown(&mut self) {
         let Some(generation) = self.generation.take() else { return };
+        self.link_failures.clear();
         *self.events.lock().expect("event sink") = None;
         self.reports.lock().expect("reports").clear();
-        let f = frame(&ToWorker::Cancel { generation });
+        let f = message(&ToWorker::Cancel { generation });
         let members = std::mem::take(&mut self.members);
         for w in &members {
             self.send(*w, f.clone());
@@ -523,7 +532,7 @@ impl Backend for ClusterBackend {
 impl ClusterBackend {
     fn shutdown(&mut self, reason: &str) {
         self.closing.store(true, Ordering::SeqCst);
-        let f = frame(&ToWorker::Shutdown { reason: reason.to_string() });
+        let f = message(&ToWorker::Shutdown { reason: reason.to_string() });
         for w in self.workers.keys().copied().collect::<Vec<_>>() {
             self.send(w, f.clone());
         }

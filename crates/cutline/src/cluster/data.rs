@@ -13,7 +13,7 @@
 //! It does not decide anything about checkpoints; barriers are forwarded in order, never overtaking
 //! data on the wire (an unaligned barrier overtakes only what is queued at the receiver).
 
-use super::wire::{self, WireError};
+use super::wire::{FrameReader, FrameWriter, WireError};
 use crate::channel::pump::{InPump, Marker, Out, OutPump};
 use crate::channel::Waker;
 use cutline_core::barrier::Barrier;
@@ -44,6 +44,14 @@ pub(crate) struct Link {
     closing: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
     waker: Arc<Waker>,
+    failure: LinkFailure,
+}
+
+impl Link {
+    /// Why the link stopped on its own (the peer went away, a frame was refused), if it did.
+    pub(crate) fn failure(&self) -> Option<String> {
+        self.failure.lock().expect("link failure").clone()
+    }
 }
 
 impl Drop for Link {
@@ -64,6 +72,13 @@ fn fail(failure: &LinkFailure, closing: &AtomicBool, what: String) {
     }
 }
 
+/// A frame from the link's peer that did not open: logged with the peer, then the link closes.
+fn log_rejected(name: &str, peer: &str, e: &WireError) {
+    if e.is_integrity() {
+        tracing::warn!(event = "frame_rejected", peer = %peer, reason = %e, "{name}: {e}");
+    }
+}
+
 fn header(ch: u32, rest: &[u8], buf: &mut Vec<u8>) {
     buf.clear();
     buf.extend_from_slice(&ch.to_be_bytes());
@@ -78,9 +93,11 @@ pub(crate) fn start_sender(
     pumps: Vec<Box<dyn OutPump>>,
     capacity: usize,
     waker: Arc<Waker>,
-    max_frame_bytes: u32,
+    (mut writer, mut reader): (FrameWriter, FrameReader),
 ) -> std::io::Result<Link> {
     stream.set_nodelay(true)?;
+    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let name = format!("{name} (peer {peer})");
     let closing = Arc::new(AtomicBool::new(false));
     let failure: LinkFailure = Default::default();
     let credits: Arc<Vec<AtomicI64>> = Arc::new((0..pumps.len()).map(|_| AtomicI64::new(capacity as i64)).collect());
@@ -93,11 +110,11 @@ pub(crate) fn start_sender(
         let (closing, failure, credits, waker) = (closing.clone(), failure.clone(), credits.clone(), waker.clone());
         let ended = ended.clone();
         let mut r = BufReader::new(stream.try_clone()?);
-        let name = name.clone();
+        let (name, peer) = (name.clone(), peer.clone());
         threads.push(std::thread::Builder::new().name("cutline-link-credit".into()).spawn(move || {
             let mut payload = Vec::new();
             loop {
-                match wire::read_frame(&mut r, max_frame_bytes, &mut payload) {
+                match reader.read(&mut r, &mut payload) {
                     Ok(KIND_CREDIT) if payload.len() == 8 => {
                         let ch = u32::from_be_bytes(payload[0..4].try_into().expect("4 bytes")) as usize;
                         let n = u32::from_be_bytes(payload[4..8].try_into().expect("4 bytes")) as i64;
@@ -130,6 +147,7 @@ pub(crate) fn start_sender(
                     Err(e) if e.is_closed() && ended.load(Ordering::SeqCst) == channels => return,
                     Err(e) => {
                         waker.ring();
+                        log_rejected(&name, &peer, &e);
                         return fail(&failure, &closing, format!("{name}: {e}"));
                     }
                 }
@@ -141,6 +159,7 @@ pub(crate) fn start_sender(
         let (closing, failure, waker) = (closing.clone(), failure.clone(), waker.clone());
         let mut w = BufWriter::with_capacity(LINK_BUFFER_BYTES, stream.try_clone()?);
         let mut pumps = pumps;
+        let name = name.clone();
         threads.push(std::thread::Builder::new().name("cutline-link-send".into()).spawn(move || {
             let (mut body, mut msg) = (Vec::new(), Vec::new());
             let mut done = vec![false; pumps.len()];
@@ -164,18 +183,18 @@ pub(crate) fn start_sender(
                             }
                             Out::Data => {
                                 credits[i].fetch_sub(1, Ordering::SeqCst);
-                                wire::write_frame(&mut w, KIND_DATA, &body)
+                                writer.write(&mut w, KIND_DATA, &body)
                             }
                             Out::Barrier(b) => {
                                 let bytes = postcard::to_allocvec(&b).expect("a barrier serialises");
                                 header(i as u32, &bytes, &mut msg);
-                                wire::write_frame(&mut w, KIND_BARRIER, &msg)
+                                writer.write(&mut w, KIND_BARRIER, &msg)
                             }
                             Out::End => {
                                 done[i] = true;
                                 ended.fetch_add(1, Ordering::SeqCst);
                                 header(i as u32, &[], &mut msg);
-                                wire::write_frame(&mut w, KIND_END, &msg)
+                                writer.write(&mut w, KIND_END, &msg)
                             }
                         };
                         progressed = true;
@@ -196,7 +215,7 @@ pub(crate) fn start_sender(
             }
         })?);
     }
-    Ok(Link { stream, closing, threads, waker })
+    Ok(Link { stream, closing, threads, waker, failure })
 }
 
 /// Drive the receiving side of a link: `pumps[i]` is channel `i` of this connection. `waker` is rung
@@ -207,9 +226,11 @@ pub(crate) fn start_receiver(
     pumps: Vec<Box<dyn InPump>>,
     capacity: usize,
     waker: Arc<Waker>,
-    max_frame_bytes: u32,
+    (mut writer, mut reader): (FrameWriter, FrameReader),
 ) -> std::io::Result<Link> {
     stream.set_nodelay(true)?;
+    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let name = format!("{name} (peer {peer})");
     let closing = Arc::new(AtomicBool::new(false));
     let failure: LinkFailure = Default::default();
     // Credit the sender holds, per channel (it starts with the whole capacity).
@@ -221,17 +242,20 @@ pub(crate) fn start_receiver(
         let (closing, failure, granted, pumps, waker) =
             (closing.clone(), failure.clone(), granted.clone(), pumps.clone(), waker.clone());
         let mut r = BufReader::with_capacity(LINK_BUFFER_BYTES, stream.try_clone()?);
-        let name = name.clone();
+        let (name, peer) = (name.clone(), peer.clone());
         threads.push(std::thread::Builder::new().name("cutline-link-recv".into()).spawn(move || {
             let mut payload = Vec::new();
             let mut ended = 0;
             let why = loop {
-                let kind = match wire::read_frame(&mut r, max_frame_bytes, &mut payload) {
+                let kind = match reader.read(&mut r, &mut payload) {
                     Ok(k) => k,
                     Err(WireError::Closed) if closing.load(Ordering::SeqCst) => break None,
                     // Every channel ended: the sender is done, and closing is how it says goodbye.
                     Err(WireError::Closed) if ended == pumps.lock().expect("pumps").len() => break None,
-                    Err(e) => break Some(format!("{name}: {e}; link closed")),
+                    Err(e) => {
+                        log_rejected(&name, &peer, &e);
+                        break Some(format!("{name}: {e}; link closed"));
+                    }
                 };
                 if payload.len() < 4 {
                     break Some(format!("{name}: a frame without a channel number; link closed"));
@@ -278,7 +302,6 @@ pub(crate) fn start_receiver(
         let (closing, failure, waker) = (closing.clone(), failure.clone(), waker.clone());
         let mut w = BufWriter::new(stream.try_clone()?);
         threads.push(std::thread::Builder::new().name("cutline-link-grant".into()).spawn(move || {
-            let mut frame = Vec::new();
             let burst = (capacity as i64 / 2).max(1);
             loop {
                 if closing.load(Ordering::SeqCst) || failure.lock().expect("link failure").is_some() {
@@ -306,7 +329,7 @@ pub(crate) fn start_receiver(
                 for (ch, free) in grants {
                     let mut msg = (ch as u32).to_be_bytes().to_vec();
                     msg.extend_from_slice(&(free as u32).to_be_bytes());
-                    if let Err(e) = wire::write_frame_buf(&mut w, KIND_CREDIT, &msg, &mut frame) {
+                    if let Err(e) = writer.write(&mut w, KIND_CREDIT, &msg) {
                         return fail(&failure, &closing, format!("{name}: granting credit failed: {e}"));
                     }
                 }
@@ -320,7 +343,7 @@ pub(crate) fn start_receiver(
             }
         })?);
     }
-    Ok(Link { stream, closing, threads, waker })
+    Ok(Link { stream, closing, threads, waker, failure })
 }
 
 #[cfg(test)]
@@ -328,6 +351,7 @@ mod tests {
     use super::*;
     use crate::channel::pump::{in_pump, out_pump};
     use crate::channel::{channel, Message, Rx, Taken, Tx};
+    use crate::cluster::wire::{self, sealed_test_ends};
     use cutline_core::barrier::{Alignment, CheckpointMode, SnapshotKind};
     use cutline_core::{CheckpointId, Generation, TimeMs};
     use std::net::TcpListener;
@@ -372,16 +396,27 @@ mod tests {
         }
     }
 
+    fn plain() -> (FrameWriter, FrameReader) {
+        (FrameWriter::plain(), FrameReader::plain(1 << 20))
+    }
+
     /// upstream Tx -> [local channel -> out pump] ==TCP== [in pump -> local channel] -> downstream Rx
     fn bridge() -> (Tx<u64>, Rx<u64>, Link, Link) {
+        bridge_with(plain(), plain())
+    }
+
+    fn bridge_with(
+        sender: (FrameWriter, FrameReader),
+        receiver: (FrameWriter, FrameReader),
+    ) -> (Tx<u64>, Rx<u64>, Link, Link) {
         let (up_tx, up_rx) = channel::<u64>(CAPACITY, Waker::new(), Waker::new(), "up".into());
         let (down_tx, down_rx) = channel::<u64>(CAPACITY, Waker::new(), Waker::new(), "down".into());
         let (a, b) = tcp_pair();
         // The pumps' wakers: the sender's is rung by pushes into `up` (its consumer waker stands for
         // the remote task); here the test rings through short idle waits instead.
-        let send = start_sender(a, "test send".into(), vec![out_pump(up_rx)], CAPACITY, Waker::new(), 1 << 20).unwrap();
+        let send = start_sender(a, "test send".into(), vec![out_pump(up_rx)], CAPACITY, Waker::new(), sender).unwrap();
         let recv =
-            start_receiver(b, "test recv".into(), vec![in_pump(down_tx)], CAPACITY, Waker::new(), 1 << 20).unwrap();
+            start_receiver(b, "test recv".into(), vec![in_pump(down_tx)], CAPACITY, Waker::new(), receiver).unwrap();
         (up_tx, down_rx, send, recv)
     }
 
@@ -449,7 +484,7 @@ mod tests {
         ] {
             let (down_tx, down_rx) = channel::<u64>(CAPACITY, Waker::new(), Waker::new(), "down".into());
             let (mut a, b) = tcp_pair();
-            let _r = start_receiver(b, "test".into(), vec![in_pump(down_tx)], CAPACITY, Waker::new(), 1 << 20).unwrap();
+            let _r = start_receiver(b, "test".into(), vec![in_pump(down_tx)], CAPACITY, Waker::new(), plain()).unwrap();
             wire::write_frame(&mut a, kind, &body).unwrap();
             wait_for("the downstream task to see the producer gone", || {
                 take(&down_rx, true).as_deref() == Some("gone")
@@ -461,7 +496,7 @@ mod tests {
     fn data_beyond_the_credit_is_a_protocol_violation() {
         let (down_tx, down_rx) = channel::<u64>(CAPACITY, Waker::new(), Waker::new(), "down".into());
         let (mut a, b) = tcp_pair();
-        let _r = start_receiver(b, "test".into(), vec![in_pump(down_tx)], CAPACITY, Waker::new(), 1 << 20).unwrap();
+        let _r = start_receiver(b, "test".into(), vec![in_pump(down_tx)], CAPACITY, Waker::new(), plain()).unwrap();
         let batch = postcard::to_allocvec(&vec![1u64]).unwrap();
         let mut frame = vec![0, 0, 0, 0];
         frame.extend_from_slice(&batch);
@@ -481,5 +516,47 @@ mod tests {
             ["[1]", "[1]", "gone"],
             "the credited batches arrive, the one beyond the credit closes the link"
         );
+    }
+
+    #[test]
+    fn a_sealed_link_carries_data_barriers_and_credit() {
+        let (client, server) = sealed_test_ends(1 << 20);
+        let (up, down, _s, _r) = bridge_with(client, server);
+        for i in 0..10 {
+            up.push(Message::Data(vec![i])).unwrap();
+        }
+        up.push(Message::Barrier(barrier(4))).unwrap();
+        up.push(Message::End).unwrap();
+        let mut got = Vec::new();
+        wait_for("everything to cross", || {
+            if let Some(m) = take(&down, true) {
+                got.push(m);
+            }
+            got.last().is_some_and(|m| m == "end")
+        });
+        let mut expected: Vec<String> = (0..10).map(|i| format!("[{i}]")).collect();
+        expected.extend(["b4".to_string(), "end".to_string()]);
+        assert_eq!(got, expected, "in order, through credit grants (10 batches at a capacity of {CAPACITY})");
+    }
+
+    #[test]
+    fn a_frame_injected_into_a_sealed_link_closes_it_with_the_peer_named() {
+        let (_, (w, r)) = sealed_test_ends(1 << 20);
+        let (down_tx, down_rx) = channel::<u64>(CAPACITY, Waker::new(), Waker::new(), "down".into());
+        let (mut a, b) = tcp_pair();
+        let link = start_receiver(b, "test".into(), vec![in_pump(down_tx)], CAPACITY, Waker::new(), (w, r)).unwrap();
+        // A well-formed plain data frame, as an attacker on the path could write it.
+        let mut frame = vec![0, 0, 0, 0];
+        frame.extend_from_slice(&postcard::to_allocvec(&vec![1u64]).unwrap());
+        wire::write_frame(&mut a, KIND_DATA, &frame).unwrap();
+        let mut seen = Vec::new();
+        wait_for("the downstream task to see the producer gone", || {
+            seen.extend(take(&down_rx, true));
+            seen.last().is_some_and(|m| m == "gone")
+        });
+        assert_eq!(seen, ["gone"], "nothing of the injected frame is delivered");
+        let why = link.failure().expect("the link failed");
+        let peer = a.local_addr().unwrap().to_string();
+        assert!(why.contains("integrity check") && why.contains(&peer), "{why}");
     }
 }

@@ -2,12 +2,21 @@
 //! and worker processes that run the tasks it places on them.
 //!
 //! - Coordinator side: [`spawn_cluster`] runs the same run loop as the embedded runtime through a
-//!   `Backend` (`coordinator`), admitting authenticated workers (`admit`).
-//! - Worker side: [`run_worker`] joins a coordinator (`worker`) and deploys its part of each
-//!   generation (`worker_deploy`).
-//! - Wire: the framing and the handshake every connection speaks (`wire`), the messages between
-//!   coordinator and workers (`proto`), the data links between workers (`data`), and the worker-side
-//!   aggregation of acknowledgements (`acks`).
+//!   `Backend` (`coordinator`: placement, deployment, losses, the failover reason), admitting
+//!   authenticated workers and running each one's reader and writer threads (`admit`).
+//! - Worker side: [`run_worker`] joins a coordinator, stops at once on what retrying cannot mend
+//!   ([`WorkerError`]) and runs the session loop (`worker`); it deploys its part of each generation
+//!   (`worker_deploy`) and refuses a job whose graph differs from the coordinator's (`shape`).
+//! - Wire: frames, the handshake and frame protection every connection speaks (`wire`: `frame`,
+//!   `handshake`, `seal`), the messages between coordinator and workers (`proto`), the data links
+//!   between workers with their credit-based flow control (`data`), and the worker-side aggregation
+//!   of acknowledgements (`acks`).
+//!
+//! Limits: every queue fed from the network is bounded (`INBOX_MESSAGES`, `WORKER_QUEUE_MESSAGES`,
+//! `FROM_COORDINATOR_MESSAGES`, the run loop's `EVENT_QUEUE_MESSAGES`); a full queue blocks the
+//! connection's reader (backpressure through TCP) or drops the worker, never grows. A handshake
+//! takes at most `HANDSHAKE_TIMEOUT_MS` in all, at most `MAX_PENDING_HANDSHAKES` run at once, and a
+//! frame is at most `max_frame_bytes`.
 //!
 //! - Launcher: [`launch`] starts and supervises a coordinator and workers on one machine.
 //!
@@ -16,16 +25,20 @@
 
 pub(crate) mod acks;
 mod admit;
+mod config;
 mod coordinator;
 mod data;
 pub mod launch;
 pub(crate) mod proto;
+mod shape;
 pub(crate) mod wire;
 mod worker;
 mod worker_deploy;
 
-pub use coordinator::{
-    spawn_cluster, ClusterConfig, DEFAULT_DEPLOY_TIMEOUT_MS, DEFAULT_HEARTBEAT_INTERVAL_MS,
-    DEFAULT_HEARTBEAT_TIMEOUT_MS, DEFAULT_JOIN_TIMEOUT_MS, DEFAULT_REPLACEMENT_WAIT_MS,
+pub use config::{
+    ClusterConfig, DEFAULT_DEPLOY_TIMEOUT_MS, DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_HEARTBEAT_TIMEOUT_MS,
+    DEFAULT_JOIN_TIMEOUT_MS, DEFAULT_REPLACEMENT_WAIT_MS,
 };
-pub use worker::{run_worker, JobBuilder, StoreOpener, WorkerConfig, DEFAULT_REJOIN_TIMEOUT_MS};
+pub use coordinator::spawn_cluster;
+pub use wire::FrameProtection;
+pub use worker::{run_worker, JobBuilder, StoreOpener, WorkerConfig, WorkerError, DEFAULT_REJOIN_TIMEOUT_MS};

@@ -5,6 +5,7 @@
 //! It does not send anything: the cluster runtime owns the connections.
 
 use super::acks::TaskEvent;
+use super::shape::GraphShape;
 use super::wire::{self, WireError};
 use crate::runtime::task::Control;
 use cutline_core::barrier::Barrier;
@@ -57,6 +58,8 @@ pub(crate) struct WorkerSettings {
 pub(crate) struct JobInfo {
     pub args: Vec<String>,
     pub fingerprint: String,
+    /// The shape of the coordinator's graph: a worker that builds another refuses the job.
+    pub shape: GraphShape,
     pub state: String,
     pub settings: WorkerSettings,
 }
@@ -154,6 +157,18 @@ pub(crate) enum ToCoordinator {
     Heartbeat {
         tasks: Vec<(u32, crate::runtime::TaskReport)>,
     },
+    /// This worker cannot run the job (it builds another graph from the job's arguments); it exits
+    /// after sending this.
+    Refused {
+        reason: String,
+    },
+    /// A data link of `generation` between this worker and worker `peer` failed (sent before the
+    /// failures of the tasks that it brings down).
+    LinkFailed {
+        generation: Generation,
+        peer: u32,
+        reason: String,
+    },
 }
 
 pub(crate) fn encode<M: Serialize>(m: &M) -> Vec<u8> {
@@ -166,11 +181,11 @@ pub(crate) fn decode<M: DeserializeOwned>(bytes: &[u8]) -> Result<M, WireError> 
 
 /// Read one message from a control connection.
 pub(crate) fn read_message<M: DeserializeOwned>(
+    frames: &mut wire::FrameReader,
     r: &mut impl std::io::Read,
-    max_frame_bytes: u32,
     buf: &mut Vec<u8>,
 ) -> Result<M, WireError> {
-    match wire::read_frame(r, max_frame_bytes, buf)? {
+    match frames.read(r, buf)? {
         KIND_MESSAGE => decode(buf),
         k => Err(WireError::Malformed(format!("unexpected frame kind {k} on a control connection"))),
     }
@@ -181,10 +196,7 @@ pub(crate) fn version() -> String {
     env!("CARGO_PKG_VERSION").to_string()
 }
 
-/// One message as a whole frame of kind [`KIND_MESSAGE`], ready to write.
-pub(crate) fn frame<M: Serialize>(m: &M) -> Vec<u8> {
-    let payload = encode(m);
-    let mut f = Vec::with_capacity(payload.len() + wire::HEADER_BYTES);
-    wire::write_frame(&mut f, KIND_MESSAGE, &payload).expect("writing to memory");
-    f
+/// One message, encoded, ready to be sent (sealed or not) on any number of connections.
+pub(crate) fn message<M: Serialize>(m: &M) -> std::sync::Arc<[u8]> {
+    encode(m).into()
 }

@@ -1,13 +1,19 @@
 //! The worker side of a cluster: joining (and rejoining) a coordinator, the session loop that carries
 //! out the coordinator's messages and sends acknowledgements and heartbeats, and the acceptor of data
 //! links from other workers.
+//!
+//! A worker retries what may get better (an unreachable coordinator, a lost connection) until its
+//! rejoin timeout, and stops at once on what cannot: a rejected secret, a coordinator that cannot
+//! prove it holds the secret, different frame protection, a job graph that differs from the
+//! coordinator's ([`WorkerError`]).
 
 use super::acks::TaskEvent;
-use super::admit::{HANDSHAKE_MAX_FRAME_BYTES, MAX_PENDING_HANDSHAKES};
+use super::admit::MAX_PENDING_HANDSHAKES;
 use super::proto::{
     self, version, DataHello, DeployMsg, JobInfo, JoinHello, ToCoordinator, ToWorker, WelcomeHello, KIND_MESSAGE,
 };
-use super::wire::{self, Secret, WireError};
+use super::shape::GraphShape;
+use super::wire::{self, FrameProtection, FrameReader, FrameWriter, Secret, WireError};
 use super::worker_deploy::{start_deploy, DeployCtx, Deploying, LocalGeneration};
 use crate::dataflow::JobGraph;
 use crate::runtime::run::{DeployError, RtEvent};
@@ -26,6 +32,9 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_REJOIN_TIMEOUT_MS: u64 = 60_000;
 /// Pause between a worker's connection attempts.
 const REJOIN_BACKOFF_MS: u64 = 100;
+/// Messages from the coordinator queued for the session loop; the connection's reader blocks while
+/// it is full (the coordinator is backpressured, and drops a worker whose queue there fills up).
+const FROM_COORDINATOR_MESSAGES: usize = 1024;
 
 /// How a worker process joins a cluster.
 #[derive(Clone)]
@@ -40,6 +49,11 @@ pub struct WorkerConfig {
     pub advertise: Option<String>,
     /// How long the worker keeps trying to reach a coordinator that is gone before it exits.
     pub rejoin_timeout_ms: u64,
+    /// Whether the frames of this worker's connections are sealed (the coordinator and the other
+    /// workers must come to the same decision).
+    pub frame_protection: FrameProtection,
+    /// Where the secret came from (e.g. its file), for the error when the coordinator rejects it.
+    pub secret_origin: Option<String>,
 }
 
 impl WorkerConfig {
@@ -50,7 +64,62 @@ impl WorkerConfig {
             listen: "127.0.0.1:0".into(),
             advertise: None,
             rejoin_timeout_ms: DEFAULT_REJOIN_TIMEOUT_MS,
+            frame_protection: FrameProtection::default(),
+            secret_origin: None,
         }
+    }
+}
+
+/// Why [`run_worker`] ended without the coordinator saying the job is over.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// The configuration cannot work (a short secret, a malformed address, a port in use).
+    #[error("{0}")]
+    Config(String),
+    /// The coordinator rejected this worker's secret. Retrying cannot help.
+    #[error(
+        "the coordinator at {join} rejected this worker's cluster secret{}: give this worker the same secret \
+         file as the coordinator (--secret-file or CUTLINE_SECRET_FILE) and start it again",
+        origin(.secret_origin)
+    )]
+    WrongSecret { join: String, secret_origin: Option<String> },
+    /// The process at the coordinator's address does not prove that it holds the secret.
+    #[error(
+        "the process at {join} does not prove that it holds the cluster secret{}: check that --join names \
+         this cluster's coordinator, and give the coordinator and this worker the same secret file",
+        origin(.secret_origin)
+    )]
+    CoordinatorWithoutSecret { join: String, secret_origin: Option<String> },
+    /// This worker and the coordinator (or another worker) disagree on frame protection.
+    #[error("{0}")]
+    FrameProtection(String),
+    /// This worker builds another job graph than the coordinator runs.
+    #[error(
+        "this worker cannot run the coordinator's job: {difference}; run every process of the cluster with the \
+         same binary and the same job"
+    )]
+    GraphMismatch { difference: String },
+    /// No coordinator could be reached (or joined) for the rejoin timeout.
+    #[error("no coordinator at {join} for {timeout_ms} ms (last error: {last}); giving up")]
+    CoordinatorGone { join: String, timeout_ms: u64, last: String },
+}
+
+fn origin(o: &Option<String>) -> String {
+    o.as_ref().map(|o| format!(" (from {o})")).unwrap_or_default()
+}
+
+/// Why one session with a coordinator ended without a `Shutdown`, when it was not a lost connection.
+enum SessionError {
+    /// Worth another attempt (until the rejoin timeout).
+    Retry(String),
+    /// Another attempt cannot succeed.
+    Permanent(WorkerError),
+}
+
+impl From<String> for SessionError {
+    fn from(s: String) -> Self {
+        SessionError::Retry(s)
     }
 }
 
@@ -59,21 +128,32 @@ pub type JobBuilder = dyn Fn(&[String]) -> Result<(JobGraph, String), String>;
 /// Opens the checkpoint storage a coordinator names.
 pub type StoreOpener = dyn Fn(&str) -> Result<Arc<dyn CheckpointStore>, String>;
 
+/// A data link that arrived from another worker: its connection and frames.
+pub(crate) type InboundLink = (TcpStream, FrameWriter, FrameReader);
 /// Data links arriving from other workers, until the deployment they belong to takes them.
-pub(crate) type Inbound = Arc<(Mutex<HashMap<(Generation, u32, u32), TcpStream>>, Condvar)>;
+pub(crate) type Inbound = Arc<(Mutex<HashMap<(Generation, u32, u32), InboundLink>>, Condvar)>;
 
-/// Run a worker until its coordinator says the job is over (Ok), or no coordinator can be reached
-/// for `rejoin_timeout_ms` (Err).
-pub fn run_worker(cfg: WorkerConfig, build: &JobBuilder, open_store: &StoreOpener) -> Result<(), String> {
-    let secret = Secret::new(cfg.secret.clone())?;
+/// Run a worker until its coordinator says the job is over (Ok), no coordinator can be reached for
+/// `rejoin_timeout_ms`, or something that retrying cannot mend happens (Err, at once).
+pub fn run_worker(cfg: WorkerConfig, build: &JobBuilder, open_store: &StoreOpener) -> Result<(), WorkerError> {
+    let secret = Secret::new(cfg.secret.clone()).map_err(WorkerError::Config)?;
     // A malformed address never gets better: refuse it now, not after the rejoin timeout.
     match cfg.join.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {}
-        _ => return Err(format!("the coordinator address {:?} is not HOST:PORT (e.g. 10.0.0.1:7070)", cfg.join)),
+        _ => {
+            return Err(WorkerError::Config(format!(
+                "the coordinator address {:?} is not HOST:PORT (e.g. 10.0.0.1:7070)",
+                cfg.join
+            )))
+        }
     }
-    let listener = TcpListener::bind(&cfg.listen)
-        .map_err(|e| format!("cannot listen for data links on {}: {e}; choose another --listen address", cfg.listen))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let listener = TcpListener::bind(&cfg.listen).map_err(|e| {
+        WorkerError::Config(format!(
+            "cannot listen for data links on {}: {e}; choose another --listen address",
+            cfg.listen
+        ))
+    })?;
+    let local = listener.local_addr().map_err(|e| WorkerError::Config(e.to_string()))?;
     let data_addr = match &cfg.advertise {
         Some(a) if a.contains(':') => a.clone(),
         Some(host) => format!("{host}:{}", local.port()),
@@ -81,11 +161,11 @@ pub fn run_worker(cfg: WorkerConfig, build: &JobBuilder, open_store: &StoreOpene
     };
     let inbound: Inbound = Default::default();
     {
-        let (inbound, secret) = (inbound.clone(), secret.clone());
+        let (inbound, secret, protection) = (inbound.clone(), secret.clone(), cfg.frame_protection);
         std::thread::Builder::new()
             .name("cutline-data-accept".into())
-            .spawn(move || accept_links(listener, secret, inbound))
-            .map_err(|e| e.to_string())?;
+            .spawn(move || accept_links(listener, secret, protection, inbound))
+            .map_err(|e| WorkerError::Config(format!("cannot start a thread: {e}")))?;
     }
     let name = format!("{}/{}", host_name(), std::process::id());
     let mut gone_since: Option<Instant> = None;
@@ -96,16 +176,18 @@ pub fn run_worker(cfg: WorkerConfig, build: &JobBuilder, open_store: &StoreOpene
             Err(e) => {
                 let since = *gone_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > Duration::from_millis(cfg.rejoin_timeout_ms) {
-                    return Err(format!(
-                        "no coordinator at {} for {} ms (last error: {e}); giving up",
-                        cfg.join, cfg.rejoin_timeout_ms
-                    ));
+                    return Err(WorkerError::CoordinatorGone {
+                        join: cfg.join.clone(),
+                        timeout_ms: cfg.rejoin_timeout_ms,
+                        last: e.to_string(),
+                    });
                 }
                 std::thread::sleep(Duration::from_millis(REJOIN_BACKOFF_MS));
                 continue;
             }
         };
-        match session(stream, &secret, &name, &data_addr, &inbound, build, open_store, &mut job_cache) {
+        let me = Me { cfg: &cfg, secret: &secret, name: &name, data_addr: &data_addr, inbound: &inbound };
+        match session(stream, &me, build, open_store, &mut job_cache) {
             Ok(SessionEnd::Shutdown(reason)) => {
                 tracing::info!(event = "worker_exit", "worker exits: {reason}");
                 return Ok(());
@@ -118,11 +200,19 @@ pub fn run_worker(cfg: WorkerConfig, build: &JobBuilder, open_store: &StoreOpene
                 );
                 gone_since = Some(Instant::now());
             }
-            Err(e) => {
+            Err(SessionError::Permanent(e)) => {
+                tracing::error!(event = "worker_exit", reason = %e, "worker exits: {e}");
+                return Err(e);
+            }
+            Err(SessionError::Retry(e)) => {
                 tracing::warn!(event = "join_failed", reason = %e, "worker: {e}");
                 let since = *gone_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > Duration::from_millis(cfg.rejoin_timeout_ms) {
-                    return Err(e);
+                    return Err(WorkerError::CoordinatorGone {
+                        join: cfg.join.clone(),
+                        timeout_ms: cfg.rejoin_timeout_ms,
+                        last: e,
+                    });
                 }
                 std::thread::sleep(Duration::from_millis(REJOIN_BACKOFF_MS * 5));
             }
@@ -145,7 +235,7 @@ pub(crate) fn connect(addr: &str) -> std::io::Result<TcpStream> {
     Err(last)
 }
 
-fn accept_links(listener: TcpListener, secret: Secret, inbound: Inbound) {
+fn accept_links(listener: TcpListener, secret: Secret, protection: FrameProtection, inbound: Inbound) {
     let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
@@ -162,10 +252,11 @@ fn accept_links(listener: TcpListener, secret: Secret, inbound: Inbound) {
         let (inbound, secret, pending) = (inbound.clone(), secret.clone(), pending.clone());
         // Handshakes run on their own thread: a slow or hostile peer cannot hold up the others.
         let _ = std::thread::Builder::new().name("cutline-data-handshake".into()).spawn(move || {
-            let hello = wire::handshake_server(&mut stream, &secret, b"", HANDSHAKE_MAX_FRAME_BYTES)
-                .and_then(|h| proto::decode::<DataHello>(&h));
+            // The frame limit is the job's, set when a deployment takes the link.
+            let hello = wire::handshake_server(&mut stream, &secret, protection, b"", wire::DEFAULT_MAX_FRAME_BYTES)
+                .and_then(|est| proto::decode::<DataHello>(&est.hello).map(|h| (h, est)));
             pending.fetch_sub(1, Ordering::SeqCst);
-            let hello = match hello {
+            let (hello, est) = match hello {
                 Ok(h) => h,
                 Err(e) => {
                     tracing::warn!(
@@ -183,7 +274,7 @@ fn accept_links(listener: TcpListener, secret: Secret, inbound: Inbound) {
             let mut m = map.lock().expect("inbound links");
             // Links of generations older than this one will never be taken.
             m.retain(|(g, _, _), _| *g >= hello.generation);
-            m.insert((hello.generation, hello.from, hello.to), stream);
+            m.insert((hello.generation, hello.from, hello.to), (stream, est.writer, est.reader));
             cv.notify_all();
         });
     }
@@ -199,75 +290,116 @@ enum FromCoordinator {
     Gone(String),
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What a session needs to know about this worker.
+struct Me<'a> {
+    cfg: &'a WorkerConfig,
+    secret: &'a Secret,
+    name: &'a str,
+    data_addr: &'a str,
+    inbound: &'a Inbound,
+}
+
+/// The handshake's failure, as a session error: permanent when retrying cannot help.
+fn join_error(cfg: &WorkerConfig, e: WireError) -> SessionError {
+    let (join, secret_origin) = (cfg.join.clone(), cfg.secret_origin.clone());
+    match e {
+        WireError::WrongSecret => SessionError::Permanent(WorkerError::WrongSecret { join, secret_origin }),
+        WireError::PeerWithoutSecret => {
+            SessionError::Permanent(WorkerError::CoordinatorWithoutSecret { join, secret_origin })
+        }
+        e @ WireError::ProtectionMismatch { .. } => {
+            SessionError::Permanent(WorkerError::FrameProtection(format!("joining the coordinator at {join}: {e}")))
+        }
+        e => SessionError::Retry(format!("joining the coordinator failed: {e}")),
+    }
+}
+
 fn session(
     mut stream: TcpStream,
-    secret: &Secret,
-    name: &str,
-    data_addr: &str,
-    inbound: &Inbound,
+    me_: &Me<'_>,
     build: &JobBuilder,
     open_store: &StoreOpener,
     job_cache: &mut Option<(Vec<String>, JobGraph, String)>,
-) -> Result<SessionEnd, String> {
+) -> Result<SessionEnd, SessionError> {
+    let Me { cfg, secret, name, data_addr, inbound } = *me_;
     let hello =
         proto::encode(&JoinHello { version: version(), name: name.to_string(), data_addr: data_addr.to_string() });
-    let welcome = wire::handshake_client(&mut stream, secret, &hello, wire::DEFAULT_MAX_FRAME_BYTES)
-        .and_then(|h| proto::decode::<WelcomeHello>(&h))
-        .map_err(|e| format!("joining the coordinator failed: {e}"))?;
+    let wire::Established { hello: welcome, writer: mut frames_out, reader: mut frames_in } =
+        wire::handshake_client(&mut stream, secret, cfg.frame_protection, &hello, wire::DEFAULT_MAX_FRAME_BYTES)
+            .map_err(|e| join_error(cfg, e))?;
+    let welcome = proto::decode::<WelcomeHello>(&welcome)
+        .map_err(|e| SessionError::Retry(format!("joining the coordinator failed: {e}")))?;
     if welcome.version != version() {
-        return Err(format!(
+        return Err(SessionError::Retry(format!(
             "the coordinator runs cutline {}, this worker {}; run the same version everywhere",
             welcome.version,
             version()
-        ));
+        )));
     }
     let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
     let mut buf = Vec::new();
-    let (me, JobInfo { args, fingerprint, state, settings }) =
-        match proto::read_message::<ToWorker>(&mut reader, wire::DEFAULT_MAX_FRAME_BYTES, &mut buf) {
+    let (me, JobInfo { args, fingerprint, shape, state, settings }) =
+        match proto::read_message::<ToWorker>(&mut frames_in, &mut reader, &mut buf) {
             Ok(ToWorker::Job { worker, job }) => (worker, job),
-            Ok(other) => return Err(format!("expected the job from the coordinator, got {other:?}")),
-            Err(e) => return Err(format!("reading the job from the coordinator: {e}")),
+            Ok(other) => return Err(format!("expected the job from the coordinator, got {other:?}").into()),
+            Err(e) => return Err(format!("reading the job from the coordinator: {e}").into()),
         };
+    frames_in.set_max_frame_bytes(settings.max_frame_bytes);
+    let sealed = frames_out.is_sealed();
+    let mut out = BufWriter::new(stream.try_clone().map_err(|e| e.to_string())?);
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(settings.heartbeat_timeout_ms)));
+    let mut send = |out: &mut BufWriter<TcpStream>, m: &ToCoordinator| -> Result<(), String> {
+        let payload = proto::encode(m);
+        frames_out
+            .write(out, KIND_MESSAGE, &payload)
+            .and_then(|()| out.flush().map_err(WireError::Io))
+            .map_err(|e| e.to_string())
+    };
     // Alive from now on, also while the job is built and the store opened below.
-    {
-        let mut w = &stream;
-        let _ =
-            wire::write_frame(&mut w, KIND_MESSAGE, &proto::encode(&ToCoordinator::Heartbeat { tasks: Vec::new() }));
-    }
+    let _ = send(&mut out, &ToCoordinator::Heartbeat { tasks: Vec::new() });
     if job_cache.as_ref().is_none_or(|(a, _, _)| *a != args) {
         let (graph, fp) = build(&args).map_err(|e| format!("cannot build the job {args:?}: {e}"))?;
         *job_cache = Some((args.clone(), graph, fp));
     }
     let (_, graph, fp) = job_cache.as_ref().expect("built");
-    if *fp != fingerprint {
-        return Err(format!(
-            "this worker builds job {fp:?} from {args:?}, the coordinator runs {fingerprint:?}: run the same binary everywhere"
-        ));
+    // Another job, or the same job with another shape, will not change by joining again: say why to
+    // the coordinator (which logs it and fails the job) and stop.
+    let difference = if *fp != fingerprint {
+        Some(format!("this worker builds job {fp:?} from {args:?}, the coordinator runs {fingerprint:?}"))
+    } else {
+        GraphShape::of(graph).difference(&shape)
+    };
+    if let Some(difference) = difference {
+        tracing::error!(event = "job_refused", reason = %difference, "worker refuses the job: {difference}");
+        let _ = send(&mut out, &ToCoordinator::Refused { reason: difference.clone() });
+        return Err(SessionError::Permanent(WorkerError::GraphMismatch { difference }));
     }
     let store = open_store(&state).map_err(|e| format!("cannot open the checkpoint storage {state}: {e}"))?;
+    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     tracing::info!(
         event = "joined",
         worker = me,
-        "worker {me} joined the coordinator at {}",
-        stream.peer_addr().map(|a| a.to_string()).unwrap_or_default()
+        sealed,
+        "worker {me} joined the coordinator at {peer} ({})",
+        if sealed { "frames sealed" } else { "frames not sealed" }
     );
 
-    let (ctl_tx, ctl_rx) = crossbeam_channel::unbounded::<FromCoordinator>();
-    let max_frame = settings.max_frame_bytes;
+    let (ctl_tx, ctl_rx) = crossbeam_channel::bounded::<FromCoordinator>(FROM_COORDINATOR_MESSAGES);
     std::thread::Builder::new()
         .name("cutline-from-coordinator".into())
         .spawn(move || {
             let mut buf = Vec::new();
             loop {
-                match proto::read_message::<ToWorker>(&mut reader, max_frame, &mut buf) {
+                match proto::read_message::<ToWorker>(&mut frames_in, &mut reader, &mut buf) {
                     Ok(m) => {
                         if ctl_tx.send(FromCoordinator::Msg(m)).is_err() {
                             return;
                         }
                     }
                     Err(e) => {
+                        if e.is_integrity() {
+                            tracing::warn!(event = "frame_rejected", peer = %peer, reason = %e, "the coordinator at {peer}: {e}");
+                        }
                         let why = if e.is_closed() { "the connection closed".to_string() } else { e.to_string() };
                         let _ = ctl_tx.send(FromCoordinator::Gone(why));
                         return;
@@ -276,14 +408,6 @@ fn session(
             }
         })
         .map_err(|e| e.to_string())?;
-    let mut out = BufWriter::new(stream.try_clone().map_err(|e| e.to_string())?);
-    let _ = stream.set_write_timeout(Some(Duration::from_millis(settings.heartbeat_timeout_ms)));
-    let send = |out: &mut BufWriter<TcpStream>, m: &ToCoordinator| -> Result<(), String> {
-        let payload = proto::encode(m);
-        wire::write_frame(out, KIND_MESSAGE, &payload)
-            .and_then(|()| out.flush().map_err(WireError::Io))
-            .map_err(|e| e.to_string())
-    };
     let clock = Instant::now();
     let mut last_heard = Instant::now();
     let mut last_beat = Instant::now();
@@ -296,11 +420,12 @@ fn session(
         me,
         inbound: inbound.clone(),
         secret: secret.clone(),
+        protection: cfg.frame_protection,
     };
     let mut deploying: Option<Deploying> = None;
     let mut queued: Option<DeployMsg> = None;
     let mut cancel_after_deploy: Option<Generation> = None;
-    let end = loop {
+    let end = 'session: loop {
         let tick = Duration::from_millis(5);
         let never = crossbeam_channel::never();
         let ev_rx = current.as_ref().and_then(|g| g.events.as_ref()).unwrap_or(&never);
@@ -382,6 +507,10 @@ fn session(
                         }
                         Err(DeployError::Permanent(e)) => ToCoordinator::DeployFailed { generation, reason: e.to_string(), permanent: true },
                         Err(DeployError::Retry(reason)) => ToCoordinator::DeployFailed { generation, reason, permanent: false },
+                        Err(DeployError::Refused(reason)) => {
+                            tracing::error!(event = "deploy_refused", gen = %generation, reason = %reason, "worker {me}: {reason}");
+                            ToCoordinator::DeployFailed { generation, reason, permanent: true }
+                        }
                     });
                 }
                 if let Some(d) = queued.take() {
@@ -410,6 +539,14 @@ fn session(
         }
         if let Some(g) = current.as_mut() {
             g.acks.on_tick(clock.elapsed().as_millis() as u64, &mut to_send);
+            // A broken link is told before the task failures it causes (they follow in `to_send` or
+            // later): the coordinator can then name the lost peer as the cause.
+            let generation = g.generation;
+            for (peer, reason) in g.new_link_failures() {
+                if let Err(e) = send(&mut out, &ToCoordinator::LinkFailed { generation, peer, reason }) {
+                    break 'session SessionEnd::Lost(e);
+                }
+            }
         }
         if !to_send.is_empty() {
             if let Err(e) = send(&mut out, &ToCoordinator::Events(to_send)) {

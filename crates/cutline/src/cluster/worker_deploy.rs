@@ -2,10 +2,10 @@
 //! open the data links to and from the other workers, start the tasks; and tearing it down.
 
 use super::acks::{AckAggregator, DEFAULT_MAX_ACK_HOLD_MS};
-use super::coordinator::DEFAULT_DEPLOY_TIMEOUT_MS;
+use super::config::DEFAULT_DEPLOY_TIMEOUT_MS;
 use super::data::{start_receiver, start_sender, Link};
 use super::proto::{self, DataHello, DeployMsg, WorkerSettings};
-use super::wire::{self, Secret};
+use super::wire::{self, FrameProtection, Secret};
 use super::worker::{connect, Inbound};
 use crate::channel::{ChannelProbe, Waker};
 use crate::dataflow::JobGraph;
@@ -29,8 +29,10 @@ use std::time::{Duration, Instant};
 pub(crate) struct LocalGeneration {
     pub generation: Generation,
     pub threads: GenerationThreads,
-    /// Links: dropped after the tasks (see `teardown`).
-    links: Vec<Link>,
+    /// Links, with the worker at the other end: dropped after the tasks (see `teardown`).
+    links: Vec<(u32, Link)>,
+    /// Links whose failure the coordinator was told about.
+    reported: Vec<bool>,
     /// The tasks' and writers' events; `None` once all of them are gone.
     pub events: Option<Receiver<RtEvent>>,
     pub acks: AckAggregator,
@@ -41,6 +43,20 @@ pub(crate) struct LocalGeneration {
 impl LocalGeneration {
     pub fn reports(&self) -> Vec<(u32, TaskReport)> {
         self.metrics.iter().map(|(t, name, m, p)| (t.0, task_report(name, m, p))).collect()
+    }
+
+    /// Links that failed since the last call: (the worker at the other end, why).
+    pub fn new_link_failures(&mut self) -> Vec<(u32, String)> {
+        let mut out = Vec::new();
+        for ((peer, link), reported) in self.links.iter().zip(self.reported.iter_mut()) {
+            if !*reported {
+                if let Some(why) = link.failure() {
+                    *reported = true;
+                    out.push((*peer, why));
+                }
+            }
+        }
+        out
     }
 }
 
@@ -61,6 +77,7 @@ pub(crate) struct DeployCtx {
     pub(crate) me: u32,
     pub(crate) inbound: Inbound,
     pub(crate) secret: Secret,
+    pub(crate) protection: FrameProtection,
 }
 
 /// A deployment in progress: its generation, its abort flag, and where its result arrives.
@@ -79,12 +96,11 @@ pub(crate) fn start_deploy(ctx: &DeployCtx, d: DeployMsg, received: Instant) -> 
         me: ctx.me,
         inbound: ctx.inbound.clone(),
         secret: ctx.secret.clone(),
+        protection: ctx.protection,
     };
     let a = abort.clone();
     let spawned = std::thread::Builder::new().name("cutline-deploy".into()).spawn(move || {
-        let r =
-            deploy_here(&c.graph, &c.fingerprint, &c.store, &c.settings, c.me, d, &c.inbound, &c.secret, &a, received);
-        let _ = tx.send(r);
+        let _ = tx.send(deploy_here(&c, d, &a, received));
     });
     if let Err(e) = spawned {
         let (tx, rx2) = crossbeam_channel::bounded(1);
@@ -94,20 +110,38 @@ pub(crate) fn start_deploy(ctx: &DeployCtx, d: DeployMsg, received: Instant) -> 
     (generation, abort, rx)
 }
 
+/// A placement that does not fit this worker's graph: the coordinator runs another job graph (or is
+/// broken). Checked before anything is indexed by it.
+fn check_placement(graph: &JobGraph, me: u32, d: &DeployMsg) -> Result<(), DeployError> {
+    let refuse = |what: String| {
+        Err(DeployError::Refused(format!(
+            "the coordinator's placement of {} does not fit this worker's job graph: {what}; run the same \
+             binary with the same job everywhere",
+            d.generation
+        )))
+    };
+    if d.worker_of.len() != graph.task_count() {
+        return refuse(format!("it places {} tasks, the graph here has {}", d.worker_of.len(), graph.task_count()));
+    }
+    if me as usize >= d.peers.len() {
+        return refuse(format!("it names {} workers, not this one (worker {me})", d.peers.len()));
+    }
+    if let Some(w) = d.worker_of.iter().find(|w| d.peers.get(**w as usize).is_none_or(|a| a.is_empty())) {
+        return refuse(format!("it places a task on worker {w}, which has no data address in it"));
+    }
+    Ok(())
+}
+
 /// Deploy this worker's part of a generation: restore state, open the data links, start the tasks.
-#[allow(clippy::too_many_arguments)]
 fn deploy_here(
-    graph: &JobGraph,
-    fingerprint: &str,
-    store: &Arc<dyn CheckpointStore>,
-    settings: &WorkerSettings,
-    me: u32,
+    ctx: &DeployCtx,
     d: DeployMsg,
-    inbound: &Inbound,
-    secret_for_links: &Secret,
     abort: &AtomicBool,
     received: Instant,
 ) -> Result<LocalGeneration, DeployError> {
+    let DeployCtx { graph, fingerprint, store, settings, me, inbound, secret, protection } = ctx;
+    let me = *me;
+    check_placement(graph, me, &d)?;
     let called_off = || {
         if abort.load(Ordering::SeqCst) {
             Err(DeployError::Retry("the deployment was called off".into()))
@@ -166,13 +200,18 @@ fn deploy_here(
         let mut s =
             connect(addr).map_err(|e| DeployError::Retry(format!("cannot reach worker {peer} at {addr}: {e}")))?;
         let hello = proto::encode(&DataHello { generation, from: me, to: peer });
-        wire::handshake_client(&mut s, secret_for_links, &hello, max_frame)
-            .map_err(|e| DeployError::Retry(format!("data link to worker {peer} at {addr}: {e}")))?;
+        let est = wire::handshake_client(&mut s, secret, *protection, &hello, max_frame).map_err(|e| {
+            let why = format!("data link to worker {peer} at {addr}: {e}");
+            if e.is_permanent() {
+                DeployError::Refused(why)
+            } else {
+                DeployError::Retry(why)
+            }
+        })?;
         let name = format!("data link {generation} worker {me} -> {peer}");
-        links.push(
-            start_sender(s, name, pumps, capacity, peer_wakers[peer as usize].clone(), max_frame)
-                .map_err(|e| DeployError::Retry(e.to_string()))?,
-        );
+        let link = start_sender(s, name, pumps, capacity, peer_wakers[peer as usize].clone(), (est.writer, est.reader))
+            .map_err(|e| DeployError::Retry(e.to_string()))?;
+        links.push((peer, link));
     }
     // Inbound links: wait for every peer that runs upstream tasks of ours.
     let deadline = Instant::now() + Duration::from_millis(DEFAULT_DEPLOY_TIMEOUT_MS / 2);
@@ -180,7 +219,7 @@ fn deploy_here(
         called_off()?;
         let (map, cv) = &**inbound;
         let mut m = map.lock().expect("inbound links");
-        let s = loop {
+        let (s, writer, mut reader) = loop {
             if let Some(s) = m.remove(&(generation, peer, me)) {
                 break s;
             }
@@ -193,10 +232,10 @@ fn deploy_here(
         };
         drop(m);
         let name = format!("data link {generation} worker {peer} -> {me}");
-        links.push(
-            start_receiver(s, name, pumps, capacity, peer_wakers[peer as usize].clone(), max_frame)
-                .map_err(|e| DeployError::Retry(e.to_string()))?,
-        );
+        reader.set_max_frame_bytes(max_frame);
+        let link = start_receiver(s, name, pumps, capacity, peer_wakers[peer as usize].clone(), (writer, reader))
+            .map_err(|e| DeployError::Retry(e.to_string()))?;
+        links.push((peer, link));
     }
     let local_tasks: Vec<TaskId> = placed.tasks.iter().map(|t| t.task.id).collect();
     let names: Vec<String> = placed.tasks.iter().map(|t| t.task.name.clone()).collect();
@@ -231,6 +270,7 @@ fn deploy_here(
     Ok(LocalGeneration {
         generation,
         threads,
+        reported: vec![false; links.len()],
         links,
         events: Some(ev_rx),
         acks: AckAggregator::new(generation, local_tasks, DEFAULT_MAX_ACK_HOLD_MS),

@@ -73,7 +73,20 @@ pub(crate) fn deploy_placed(
     let worker_of = |stage: usize, sub: u32| placement.map(|p| p.worker_of[(bases[stage] + sub) as usize]);
     let is_local = |stage: usize, sub: u32| placement.is_none_or(|p| worker_of(stage, sub) == Some(p.me));
     if let Some(p) = placement {
-        assert_eq!(p.worker_of.len(), this.task_count(), "a placement names the worker of every task");
+        // The cluster worker checks a placement against its graph before it deploys; this is the last
+        // line of defence against a placement of another graph (which would index out of bounds).
+        let peers = p.peer_wakers.len();
+        if p.worker_of.len() != this.task_count() || p.worker_of.iter().any(|w| *w as usize >= peers) {
+            return Err(TaskError::State {
+                uid: "(placement)".into(),
+                message: format!(
+                    "the placement names {} tasks on {peers} workers, the job graph has {} tasks: every process \
+                     of a cluster must run the same job graph",
+                    p.worker_of.len(),
+                    this.task_count()
+                ),
+            });
+        }
     }
     let local: Vec<Vec<bool>> =
         this.stages.iter().enumerate().map(|(si, st)| (0..st.parallelism).map(|s| is_local(si, s)).collect()).collect();

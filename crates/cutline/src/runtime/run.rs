@@ -27,6 +27,11 @@ use cutline_storage::CheckpointStore;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// Events (or one worker's batch of events) queued for the coordinator loop of a generation. Task
+/// threads and the cluster's connection readers block while it is full: a flood of events is
+/// backpressured to its source and never grows memory beyond this.
+pub(crate) const EVENT_QUEUE_MESSAGES: usize = 4096;
+
 pub(crate) enum RtEvent {
     Coord(Event<AckReport>),
     /// Several events in order from one worker (one message): one wake-up of the coordinator loop
@@ -124,19 +129,23 @@ impl LifeHost for RunHost<'_> {
         restored: Option<CheckpointId>,
         (first_epoch, lease_end): (CheckpointId, CheckpointId),
     ) -> Result<(), DeployFailure> {
-        let (ev_tx, ev_rx) = crossbeam_channel::unbounded::<RtEvent>();
+        let (ev_tx, ev_rx) = crossbeam_channel::bounded::<RtEvent>(EVENT_QUEUE_MESSAGES);
         let deployed =
             match self.backend.deploy(self.graph, self.cfg, generation, &index, restored, self.started, ev_tx) {
                 Ok(d) => d,
-                // State that cannot be restored into this job will not get better by retrying.
-                Err(DeployError::Permanent(e)) => {
+                Err(e) => {
+                    // No one drains the events any more: senders blocked on a full queue get an error
+                    // instead, and the teardown can join them.
+                    drop(ev_rx);
                     self.backend.teardown();
-                    return Err(DeployFailure { error: RunError::Deploy(e), permanent: true });
-                }
-                // A source or sink failed to open or recover, a worker was lost: a failure like any other.
-                Err(DeployError::Retry(e)) => {
-                    self.backend.teardown();
-                    return Err(DeployFailure { error: RunError::Internal(e), permanent: false });
+                    return Err(match e {
+                        // State that cannot be restored into this job will not get better by retrying.
+                        DeployError::Permanent(e) => DeployFailure { error: RunError::Deploy(e), permanent: true },
+                        // A process of the cluster cannot run this job at all.
+                        DeployError::Refused(e) => DeployFailure { error: RunError::Permanent(e), permanent: true },
+                        // A source or sink failed to open or recover, a worker was lost: a failure like any other.
+                        DeployError::Retry(e) => DeployFailure { error: RunError::Internal(e), permanent: false },
+                    });
                 }
             };
         drop(index);
@@ -368,7 +377,7 @@ fn run_generation(
         }
         match carried {
             Carried::Continue => {}
-            Carried::FailOver(reason) => break GenerationOutcome::FailedOver(reason),
+            Carried::FailOver(reason) => break GenerationOutcome::FailedOver(plane.backend.failover_reason(reason)),
             Carried::Finished(c) => break GenerationOutcome::Finished(c),
             Carried::Stopped(c) => {
                 let sp = savepoint.take().expect("stopped with a savepoint nobody asked for");
@@ -476,6 +485,8 @@ pub(crate) enum DeployError {
     Permanent(TaskError),
     /// A source or sink failed to open, a worker was lost: restart like after any failure.
     Retry(String),
+    /// A process of the cluster cannot run this job (it builds another job graph): the job fails.
+    Refused(String),
 }
 
 /// Where the tasks of a generation run: threads of this process ([`LocalBackend`]) or worker
@@ -498,6 +509,11 @@ pub(crate) trait Backend {
     /// Evaluated every tick: a reason to fail over that no task reports (a lost worker).
     fn check(&mut self) -> Option<String> {
         None
+    }
+    /// The generation fails over for `reason` (a task failed): the reason to report, which may name
+    /// a cause the task could not see (the worker whose loss broke its data link).
+    fn failover_reason(&mut self, reason: String) -> String {
+        reason
     }
     /// Is `event`, which `worker` sent, about a task placed on that worker? (Only clusters have workers.)
     fn check_origin(&self, worker: u32, event: &Event<AckReport>) -> Result<(), Violation> {

@@ -1,0 +1,296 @@
+//! Cluster connections as real processes see them (a coordinator and workers of the `cutline` binary
+//! on loopback, logging JSON events):
+//!
+//! - A worker given the wrong secret exits at once with an error that names its secret file.
+//! - Different frame protection on the two ends is refused at once, on both sides.
+//! - A local cluster with sealed frames (`--frame-protection on`) counts words exactly.
+//! - When a worker is SIGKILLed, the failover names that worker, not only a task that lost its link.
+//! - A worker that builds another job graph refuses the job and exits; the job fails with the
+//!   difference named (the library's coordinator and worker, in this process).
+//!
+//! Every wait is bounded in time.
+
+#![cfg(unix)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cutline");
+const SECRET: &str = "cluster-wire-test-secret-0123456789";
+
+struct Scratch {
+    dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    fn new(lines: usize) -> Scratch {
+        let dir = tempfile::tempdir().unwrap();
+        let text: String = (0..lines).map(|i| format!("w{} w{} w{}\n", i % 97, i % 13, i % 7)).collect();
+        std::fs::write(dir.path().join("input.txt"), text).unwrap();
+        std::fs::write(dir.path().join("secret"), SECRET).unwrap();
+        Scratch { dir }
+    }
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+    fn log(&self, name: &str) -> Stdio {
+        Stdio::from(std::fs::File::create(self.path(&format!("{name}.log"))).unwrap())
+    }
+    fn log_text(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path(&format!("{name}.log"))).unwrap_or_default()
+    }
+}
+
+fn free_addr() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
+}
+
+/// Kills its processes when dropped.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn json_logs(cmd: &mut Command) -> &mut Command {
+    cmd.env("CUTLINE_LOG_FORMAT", "json").env("CUTLINE_LOG", "info")
+}
+
+fn coordinator(s: &Scratch, addr: &str, workers: usize, extra: &[&str]) -> Child {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "wordcount", "--input"])
+        .arg(s.path("input.txt"))
+        .arg("--output")
+        .arg(s.path("out"))
+        .arg("--state")
+        .arg(s.path("state"))
+        .args(["--coordinator", addr, "--workers", &workers.to_string(), "--secret-file"])
+        .arg(s.path("secret"))
+        .args(["--heartbeat-interval", "50ms", "--heartbeat-timeout", "2s"])
+        .args(extra)
+        .stdout(s.log("coordinator"))
+        .stderr(s.log("coordinator"));
+    json_logs(&mut cmd).spawn().unwrap()
+}
+
+fn worker(s: &Scratch, addr: &str, name: &str, secret: &Path, extra: &[&str]) -> Child {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["worker", "--join", addr, "--secret-file"])
+        .arg(secret)
+        .args(["--rejoin-timeout", "60s"])
+        .args(extra)
+        .stdout(s.log(name))
+        .stderr(s.log(name));
+    json_logs(&mut cmd).spawn().unwrap()
+}
+
+fn wait_exit(c: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(st) = c.try_wait().unwrap() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The JSON log lines of event `event`.
+fn events(log: &str, event: &str) -> Vec<String> {
+    let tag = format!("\"event\":\"{event}\"");
+    log.lines().filter(|l| l.contains(&tag)).map(str::to_string).collect()
+}
+
+#[test]
+fn a_worker_with_the_wrong_secret_exits_at_once_naming_its_secret_file() {
+    let s = Scratch::new(100);
+    let addr = free_addr();
+    let mut procs = Procs(vec![coordinator(&s, &addr, 1, &[])]);
+    std::fs::write(s.path("wrong.secret"), "not-the-cluster-secret-at-all-000").unwrap();
+    let started = Instant::now();
+    procs.0.push(worker(&s, &addr, "intruder", &s.path("wrong.secret"), &[]));
+    // Its rejoin timeout is 60 s: only a permanent error ends it this soon.
+    let st = wait_exit(&mut procs.0[1], Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("the worker kept retrying a wrong secret: {}", s.log_text("intruder")));
+    assert!(!st.success(), "{st}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let log = s.log_text("intruder");
+    let file = s.path("wrong.secret").display().to_string();
+    assert!(
+        log.contains("rejected this worker's cluster secret") && log.contains(&file) && log.contains("--secret-file"),
+        "the error names the refusal, the secret file and what to do: {log}"
+    );
+    assert!(!log.contains(SECRET) && !log.contains("not-the-cluster-secret"), "no secret is printed: {log}");
+    let coord = s.log_text("coordinator");
+    wait_for("the coordinator's refusal", Duration::from_secs(5), || {
+        events(&s.log_text("coordinator"), "connection_refused").iter().any(|l| l.contains("wrong cluster secret"))
+    });
+    drop(coord);
+}
+
+#[test]
+fn different_frame_protection_is_refused_at_once_on_both_sides() {
+    let s = Scratch::new(100);
+    let addr = free_addr();
+    // On loopback, `auto` does not seal; the worker insists.
+    let mut procs = Procs(vec![coordinator(&s, &addr, 1, &[])]);
+    procs.0.push(worker(&s, &addr, "worker", &s.path("secret"), &["--frame-protection", "on"]));
+    let st = wait_exit(&mut procs.0[1], Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("the worker kept retrying: {}", s.log_text("worker")));
+    assert!(!st.success(), "{st}");
+    let log = s.log_text("worker");
+    assert!(
+        log.contains("frame protection differs")
+            && log.contains("this process seals frames (frame protection on)")
+            && log.contains("the peer does not seal frames (frame protection auto)")
+            && log.contains("--frame-protection"),
+        "{log}"
+    );
+    wait_for("the coordinator's refusal", Duration::from_secs(5), || {
+        events(&s.log_text("coordinator"), "connection_refused").iter().any(|l| l.contains("frame protection differs"))
+    });
+}
+
+#[test]
+fn a_local_cluster_with_sealed_frames_counts_words_exactly() {
+    let s = Scratch::new(20_000);
+    let text = std::fs::read_to_string(s.path("input.txt")).unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["cluster", "--workers", "2", "wordcount", "--input"])
+        .arg(s.path("input.txt"))
+        .arg("--output")
+        .arg(s.path("out"))
+        .arg("--state")
+        .arg(s.path("state"))
+        .args(["--parallelism", "2", "--frame-protection", "on", "-v"])
+        .stdout(s.log("cluster"))
+        .stderr(s.log("cluster"));
+    let mut procs = Procs(vec![json_logs(&mut cmd).spawn().unwrap()]);
+    let st = wait_exit(&mut procs.0[0], Duration::from_secs(120))
+        .unwrap_or_else(|| panic!("the sealed cluster did not finish: {}", s.log_text("cluster")));
+    let log = s.log_text("cluster");
+    assert!(st.success(), "{st}: {log}");
+    let joined = events(&log, "joined");
+    assert!(joined.len() >= 2 && joined.iter().all(|l| l.contains("\"sealed\":true")), "{joined:#?}");
+    let problems = cutline_cli::jobs::check_wordcount_output(&text, &s.path("out")).unwrap();
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+/// A TCP proxy to `to` for one connection: bytes both ways; once the client's side ends, the
+/// coordinator's side is closed `hold` later.
+fn proxy(to: &str, hold: Duration) -> String {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let to = to.to_string();
+    std::thread::spawn(move || {
+        let Ok((client, _)) = listener.accept() else { return };
+        let Ok(server) = TcpStream::connect(&to) else { return };
+        let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+        let (mut s_in, mut c_out) = (server, client);
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut s_in, &mut c_out);
+        });
+        let mut buf = [0u8; 64 << 10];
+        loop {
+            match c_in.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if s_out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        std::thread::sleep(hold);
+        let _ = s_out.shutdown(Shutdown::Both);
+    });
+    addr
+}
+
+/// The worker id a worker's log says it joined as.
+fn joined_as(log: &str) -> Option<u32> {
+    let line = events(log, "joined").pop()?;
+    let rest = &line[line.find("\"worker\":")? + "\"worker\":".len()..];
+    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+#[test]
+fn the_failover_after_a_killed_worker_names_that_worker() {
+    let s = Scratch::new(200_000);
+    let addr = free_addr();
+    let mut procs = Procs(vec![coordinator(&s, &addr, 2, &["--parallelism", "2", "--line-delay-us", "50"])]);
+    procs.0.push(worker(&s, &addr, "worker-a", &s.path("secret"), &[]));
+    // Worker b reaches the coordinator through a proxy that keeps the coordinator's side open for
+    // a moment after b is gone: the other worker's report of its failed task (its data link to b
+    // broke) then reaches the coordinator before b's own connection breaks, as it does when the
+    // coordinator's host is slower to notice. The failover must still name b.
+    let via = proxy(&addr, Duration::from_millis(100));
+    procs.0.push(worker(&s, &via, "worker-b", &s.path("secret"), &[]));
+    wait_for("both workers running their tasks", Duration::from_secs(30), || {
+        ["worker-a", "worker-b"].iter().all(|w| !events(&s.log_text(w), "deployed").is_empty())
+    });
+    wait_for("a checkpoint", Duration::from_secs(30), || {
+        !events(&s.log_text("coordinator"), "checkpoint_complete").is_empty()
+    });
+    let victim = joined_as(&s.log_text("worker-b")).expect("worker b logged its id");
+    procs.0[2].kill().unwrap();
+    wait_for("the failover", Duration::from_secs(30), || !events(&s.log_text("coordinator"), "failover").is_empty());
+    let failover = events(&s.log_text("coordinator"), "failover").remove(0);
+    assert!(
+        failover.contains(&format!("\"reason\":\"worker {victim} (")) && failover.contains("lost"),
+        "the failover names the lost worker {victim}: {failover}"
+    );
+}
+
+#[test]
+fn a_worker_that_builds_another_graph_refuses_the_job_and_the_job_fails_naming_the_difference() {
+    use cutline::cluster::{run_worker, spawn_cluster, ClusterConfig, WorkerConfig, WorkerError};
+    use cutline::{CheckpointStore, LocalDirStore, RunConfig, RunError};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let graph = |parallelism: u32| cutline_cli::jobs::keyed_bench(1_000, 10, parallelism).build().unwrap();
+    let store: Arc<dyn CheckpointStore> = Arc::new(LocalDirStore::open(&state).unwrap());
+    let addr = free_addr();
+    let cluster =
+        ClusterConfig::new(&addr, 1, SECRET.as_bytes().to_vec(), vec!["bench".into()], state.display().to_string());
+    let started = Instant::now();
+    let handle = spawn_cluster(graph(2), RunConfig::new(store, "bench"), cluster).unwrap();
+    // This worker's builder makes another parallelism from the same arguments.
+    let worker = std::thread::spawn(move || {
+        let build = move |_: &[String]| Ok((graph(3), "bench".to_string()));
+        let open = |p: &str| {
+            LocalDirStore::open(Path::new(p))
+                .map(|s| Arc::new(s) as Arc<dyn CheckpointStore>)
+                .map_err(|e| e.to_string())
+        };
+        run_worker(WorkerConfig::new(addr, SECRET.as_bytes().to_vec()), &build, &open)
+    });
+    let err = worker.join().unwrap().unwrap_err();
+    assert!(
+        matches!(&err, WorkerError::GraphMismatch { difference } if difference.contains("parallelism 3 here and 2 at the coordinator")),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("same binary"), "{err}");
+    let job = handle.join().unwrap_err();
+    let text = job.to_string();
+    assert!(matches!(job, RunError::Permanent(_)), "{job:?}");
+    assert!(text.contains("cannot run this job") && text.contains("parallelism 3 here and 2"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(30), "refused at once, not after retries: {:?}", started.elapsed());
+}
