@@ -47,8 +47,9 @@ pub fn wordcount_file_sink(dir: &Path) -> TransactionalFileSink<(String, u64)> {
 }
 
 /// The keyed benchmark: event `i` has key `splitmix64(i) % keys` and value `i % 1000`; COUNT and SUM
-/// per key; every update goes to a sink that discards it.
-pub fn keyed_bench(events: u64, keys: u64, parallelism: u32) -> Job {
+/// per key; every update goes to a [`TallySink`](crate::tally::TallySink) reporting into `tally`,
+/// which counts the updates and the keyed state they show, so that the run can be checked.
+pub fn keyed_bench(events: u64, keys: u64, parallelism: u32, tally: &Path) -> Job {
     assert!(keys > 0);
     let job = Job::new("bench");
     job.set_parallelism(parallelism);
@@ -63,7 +64,7 @@ pub fn keyed_bench(events: u64, keys: u64, parallelism: u32) -> Job {
             },
             |k, acc| (*k, acc.0, acc.1),
         )
-        .sink("discard", DiscardSink);
+        .sink("tally", crate::tally::TallySink::new(tally, keys));
     job
 }
 
