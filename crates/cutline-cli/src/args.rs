@@ -119,6 +119,9 @@ pub(crate) enum JobSpec {
         keys: u64,
         #[arg(long)]
         parallelism: u32,
+        /// Where the sink reports what it received (see `cutline_cli::tally`).
+        #[arg(long)]
+        tally_dir: PathBuf,
     },
 }
 
@@ -127,8 +130,10 @@ pub(crate) fn build_job(args: &[String]) -> std::result::Result<(cutline::JobGra
     let spec = JobSpec::try_parse_from(args).map_err(|e| e.to_string())?;
     let (input, output, parallelism, line_delay_us) = match spec {
         JobSpec::Wordcount { input, output, parallelism, line_delay_us } => (input, output, parallelism, line_delay_us),
-        JobSpec::Bench { events, keys, parallelism } => {
-            let graph = cutline_cli::jobs::keyed_bench(events, keys, parallelism).build().map_err(|e| e.to_string())?;
+        JobSpec::Bench { events, keys, parallelism, tally_dir } => {
+            let graph = cutline_cli::jobs::keyed_bench(events, keys, parallelism, &tally_dir)
+                .build()
+                .map_err(|e| e.to_string())?;
             return Ok((graph, "bench".into()));
         }
     };

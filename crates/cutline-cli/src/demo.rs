@@ -54,13 +54,18 @@ pub(crate) fn demo(dir: Option<PathBuf>) -> Result<()> {
 }
 
 pub(crate) fn drill(seed: u64, runs: u64, sim_seeds: u64) -> Result<()> {
-    println!("drill 1/2: deterministic simulation, seeds {seed}..{}", seed + sim_seeds);
-    for s in seed..seed + sim_seeds {
-        if let Err(e) = cutline::testing::sim::run_seed(s, &cutline::testing::sim::SimOptions::default()) {
-            bail!("simulation seed {s} FAILED: {e}\nreplay with: cutline drill --seed {s} --sim-seeds 1 --runs 0");
-        }
+    if runs == 0 && sim_seeds == 0 {
+        bail!(
+            "--runs 0 and --sim-seeds 0: a drill that injects no failure tests nothing; give at least one run or seed"
+        );
     }
-    println!("  {sim_seeds} seeds passed");
+    println!("drill 1/2: deterministic simulation, seeds {seed}..{}", seed + sim_seeds);
+    let sim = cutline_cli::jobs::drill_simulation(seed, sim_seeds, &cutline::testing::sim::SimOptions::default())
+        .map_err(anyhow::Error::msg)?;
+    println!(
+        "  {sim_seeds} seeds passed: {} failovers and {} process crashes injected, {} checkpoints completed",
+        sim.failovers, sim.process_crashes, sim.checkpoints_completed
+    );
     println!("drill 2/2: threaded runtime with injected failures on real files, {runs} runs");
     for s in seed..seed + runs {
         let v = cutline_cli::jobs::drill_run(s)

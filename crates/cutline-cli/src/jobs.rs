@@ -47,8 +47,9 @@ pub fn wordcount_file_sink(dir: &Path) -> TransactionalFileSink<(String, u64)> {
 }
 
 /// The keyed benchmark: event `i` has key `splitmix64(i) % keys` and value `i % 1000`; COUNT and SUM
-/// per key; every update goes to a sink that discards it.
-pub fn keyed_bench(events: u64, keys: u64, parallelism: u32) -> Job {
+/// per key; every update goes to a [`TallySink`](crate::tally::TallySink) reporting into `tally`,
+/// which counts the updates and the keyed state they show, so that the run can be checked.
+pub fn keyed_bench(events: u64, keys: u64, parallelism: u32, tally: &Path) -> Job {
     assert!(keys > 0);
     let job = Job::new("bench");
     job.set_parallelism(parallelism);
@@ -63,7 +64,7 @@ pub fn keyed_bench(events: u64, keys: u64, parallelism: u32) -> Job {
             },
             |k, acc| (*k, acc.0, acc.1),
         )
-        .sink("discard", DiscardSink);
+        .sink("tally", crate::tally::TallySink::new(tally, keys));
     job
 }
 
@@ -107,11 +108,21 @@ pub fn check_wordcount_output(text: &str, dir: &Path) -> std::io::Result<Vec<Str
     Ok(problems)
 }
 
+/// Failures one drill run of the threaded runtime injects at most (task failures at fault points
+/// and failed storage writes together).
+pub const DRILL_FAILURE_BUDGET: u32 = 6;
+
 /// One failure drill of the threaded runtime on real files: word count over a generated text while
 /// task failures are injected at every fault point (snapshot, snapshot write, sink prepare, commit,
 /// half-way through a commit, recovery, record processing) and checkpoint storage writes fail; the
 /// committed output is then checked against the failure-free result. Returns a one-line verdict.
+/// A run that injected no failure, or whose failures the job never noticed, tested nothing: an error.
 pub fn drill_run(seed: u64) -> Result<String, String> {
+    drill_run_with_budget(seed, DRILL_FAILURE_BUDGET)
+}
+
+/// [`drill_run`] with at most `budget` injected failures.
+pub fn drill_run_with_budget(seed: u64, budget: u32) -> Result<String, String> {
     use cutline::testing::sim::Rng;
     use cutline::testing::{FaultPoint, Faults};
     use cutline::{run, RunConfig};
@@ -119,7 +130,10 @@ pub fn drill_run(seed: u64) -> Result<String, String> {
     use cutline_storage::{FaultyStore, LocalDirStore, StoreOp};
     use std::sync::{Arc, Mutex};
 
-    let dir = std::env::temp_dir().join(format!("cutline-drill-{}-{seed}", std::process::id()));
+    // Unique per call: drills may run concurrently in one process (tests).
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("cutline-drill-{}-{n}-{seed}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let mut rng = Rng::new(seed);
@@ -135,8 +149,8 @@ pub fn drill_run(seed: u64) -> Result<String, String> {
     std::fs::write(&input, &text).map_err(|e| e.to_string())?;
     let output = dir.join("output");
     std::fs::create_dir_all(&output).map_err(|e| e.to_string())?;
-    let budget = Arc::new(Mutex::new((Rng::new(seed ^ 0xd1ce), 6u32)));
-    let b2 = budget.clone();
+    let budget_left = Arc::new(Mutex::new((Rng::new(seed ^ 0xd1ce), budget)));
+    let b2 = budget_left.clone();
     let inject = move |ppm: u64| {
         let mut g = b2.lock().expect("drill rng");
         if g.1 > 0 && g.0.chance(ppm) {
@@ -168,15 +182,66 @@ pub fn drill_run(seed: u64) -> Result<String, String> {
     });
     let report = run(&graph, cfg).map_err(|e| format!("seed {seed}: the job failed: {e}"))?;
     let problems = check_wordcount_output(&text, &output).map_err(|e| e.to_string())?;
-    let injected = 6 - budget.lock().expect("drill rng").1;
+    let injected = budget - budget_left.lock().expect("drill rng").1;
     let _ = std::fs::remove_dir_all(&dir);
     if !problems.is_empty() {
         return Err(format!("seed {seed}: output differs from the failure-free run: {}", problems.join("; ")));
+    }
+    if injected == 0 {
+        return Err(format!(
+            "seed {seed}: FAIL: the drill injected no failure (budget {budget}), so it tested nothing; \
+             try other seeds"
+        ));
+    }
+    if report.restarts == 0 && report.checkpoints_failed == 0 {
+        return Err(format!(
+            "seed {seed}: FAIL: {injected} failures were injected, yet the job neither restarted nor failed a \
+             checkpoint: the injected failures did not reach it"
+        ));
     }
     Ok(format!(
         "PASS: {injected} failures injected, {} restarts, {} checkpoints completed, {} failed, output exact",
         report.restarts, report.checkpoints_completed, report.checkpoints_failed
     ))
+}
+
+/// What the simulated half of a drill went through, over all its seeds.
+#[derive(Clone, Debug, Default)]
+pub struct SimDrill {
+    pub seeds: u64,
+    pub checkpoints_completed: u64,
+    /// Failovers (task crashes, failures at fault points and of storage) and whole-process crashes.
+    pub failovers: u64,
+    pub process_crashes: u64,
+}
+
+impl SimDrill {
+    /// Failures the simulation injected and the job recovered from.
+    pub fn failures(&self) -> u64 {
+        self.failovers + self.process_crashes
+    }
+}
+
+/// The deterministic simulation of the protocol for `seeds` seeds from `first`, each checked for
+/// exactly-once output and consistent cuts. An error names the first seed that failed and how to
+/// replay it, or says that no seed injected a failure (the drill then tested nothing).
+pub fn drill_simulation(first: u64, seeds: u64, o: &cutline::testing::sim::SimOptions) -> Result<SimDrill, String> {
+    let mut d = SimDrill { seeds, ..Default::default() };
+    for s in first..first.saturating_add(seeds) {
+        let r = cutline::testing::sim::run_seed(s, o).map_err(|e| {
+            format!("simulation seed {s} FAILED: {e}\nreplay with: cutline drill --seed {s} --sim-seeds 1 --runs 0")
+        })?;
+        d.checkpoints_completed += r.checkpoints_completed;
+        d.failovers += r.failovers;
+        d.process_crashes += r.process_crashes;
+    }
+    if seeds > 0 && d.failures() == 0 {
+        return Err(format!(
+            "FAIL: {seeds} simulated seeds from {first} injected no failure (no failover, no process crash), so they \
+             tested nothing"
+        ));
+    }
+    Ok(d)
 }
 
 /// Settings of the backlog benchmark (see [`backlog_bench`]).

@@ -2,106 +2,67 @@
 //!
 //! - A local cluster (`cutline cluster`) counts words exactly.
 //! - Chaos: a three-worker job whose workers and coordinator are SIGKILLed many times, at seeded
-//!   random moments, and restarted; the committed output must equal that of a run without failures.
+//!   random moments, and restarted; the committed output must equal that of a run without failures,
+//!   the coordinator must have restored a checkpoint, and its checkpoints must be unaligned exactly
+//!   when the run asks for it.
 //! - A hung worker (SIGSTOP) is detected by its missing heartbeats and the job restarts on the live
 //!   workers; when it resumes, it finds its coordinator gone and joins again.
 //! - Peers that do not hold the cluster secret, and bytes that are not cutline frames, are refused
-//!   with a log line and do not disturb the job.
+//!   with a `connection_refused` event naming the reason, and do not disturb the job.
+//!
+//! Every process logs JSON events (`CUTLINE_LOG_FORMAT=json`); the assertions read their fields
+//! (tests/common).
 //!
 //! Every loop is bounded in time. The seed is in every failure message; to try another one:
-//! `CUTLINE_CHAOS_SEED=7 cargo test --release -p cutline --test cluster`. A failing scenario keeps its
+//! `CUTLINE_CHAOS_SEED=7 cargo test --release -p cutline-cli --test cluster`. A failing scenario keeps its
 //! scratch directory (with every process's log) and prints where it is.
 
 #![cfg(unix)]
 
-use std::fs::File;
+mod common;
+
+use common::{check_output, cutline, free_port, named, periodic_checkpoints, restored_checkpoints, signal};
+use common::{summary, word_lines, LogEvent, Scratch, XorShift};
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_cutline");
 const SECRET: &str = "cluster-test-secret-0123456789abcdef";
 /// Hard bound on one scenario.
 const SCENARIO_TIME_LIMIT: Duration = Duration::from_secs(150);
-
-struct XorShift(u64);
-impl XorShift {
-    fn new(seed: u64) -> XorShift {
-        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
 
 fn seed() -> u64 {
     std::env::var("CUTLINE_CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(42)
 }
 
-/// A scratch directory with an input text, kept (and printed) if the scenario fails.
-struct Scratch {
-    dir: PathBuf,
+/// A scratch directory with an input text of `lines` lines of 8 words and the cluster secret.
+struct Scenario {
+    s: Scratch,
     text: String,
-    keep: bool,
 }
 
-impl Scratch {
-    fn new(name: &str, seed: u64, lines: usize, vocabulary: u64) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("cutline-cluster-{name}-{}-{seed}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut rng = XorShift::new(seed);
-        let mut text = String::new();
-        for _ in 0..lines {
-            for k in 0..8 {
-                if k > 0 {
-                    text.push(' ');
-                }
-                text.push_str(&format!("w{}", rng.range(0, vocabulary - 1)));
-            }
-            text.push('\n');
-        }
-        std::fs::write(dir.join("input.txt"), &text).unwrap();
-        std::fs::write(dir.join("secret"), SECRET).unwrap();
-        Scratch { dir, text, keep: true }
+impl Scenario {
+    fn new(name: &str, seed: u64, lines: usize, vocabulary: u64) -> Scenario {
+        let s = Scratch::new(&format!("cluster-{name}-{seed}"));
+        let text = word_lines(seed, lines, (8, 8), vocabulary);
+        s.write("input.txt", &text);
+        s.write("secret", SECRET);
+        Scenario { s, text }
     }
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.join(p)
+    fn check_output(&self, what: &str) {
+        check_output(&self.text, &self.s.path("out"), what, &self.s.dir);
     }
-    fn log(&self, name: &str) -> Stdio {
-        Stdio::from(File::options().create(true).append(true).open(self.dir.join(format!("{name}.log"))).unwrap())
+    /// The coordinator's events so far.
+    fn coordinator_events(&self) -> Vec<LogEvent> {
+        self.s.events("coordinator")
     }
-    fn check_output(&mut self, what: &str) {
-        let problems = cutline_cli::jobs::check_wordcount_output(&self.text, &self.path("out")).unwrap();
-        assert!(
-            problems.is_empty(),
-            "{what}: output differs from a failure-free run: {problems:#?}; logs in {}",
-            self.dir.display()
-        );
-        self.keep = false;
+    /// Wait (bounded) until the coordinator completed `n` checkpoints.
+    fn wait_for_checkpoints(&self, n: usize, limit: Duration) {
+        common::wait_until(&format!("{n} checkpoints; logs in {}", self.s.dir.display()), limit, || {
+            (common::count(&self.coordinator_events(), "checkpoint_complete") >= n).then_some(())
+        });
     }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if self.keep {
-            eprintln!("scenario scratch kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
-
-fn free_port() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
 }
 
 struct Cluster<'a> {
@@ -119,17 +80,17 @@ impl<'a> Cluster<'a> {
             "run",
             "wordcount",
             "--input",
-            s.path("input.txt").to_str().unwrap(),
+            &s.arg("input.txt"),
             "--output",
-            s.path("out").to_str().unwrap(),
+            &s.arg("out"),
             "--state",
-            s.path("state").to_str().unwrap(),
+            &s.arg("state"),
             "--coordinator",
             &addr,
             "--workers",
             &workers.to_string(),
             "--secret-file",
-            s.path("secret").to_str().unwrap(),
+            &s.arg("secret"),
             "--heartbeat-interval",
             "50ms",
             "--heartbeat-timeout",
@@ -140,7 +101,7 @@ impl<'a> Cluster<'a> {
         .map(|a| a.to_string())
         .collect();
         coordinator_args.extend(extra.iter().map(|a| a.to_string()));
-        let coordinator = Command::new(BIN)
+        let coordinator = cutline()
             .args(&coordinator_args)
             .stdout(s.log("coordinator"))
             .stderr(s.log("coordinator"))
@@ -154,8 +115,8 @@ impl<'a> Cluster<'a> {
         c
     }
     fn start_worker(&self, i: usize) -> Child {
-        Command::new(BIN)
-            .args(["worker", "--join", &self.addr, "--secret-file", self.s.path("secret").to_str().unwrap()])
+        cutline()
+            .args(["worker", "--join", &self.addr, "--secret-file", &self.s.arg("secret"), "-v"])
             .args(["--rejoin-timeout", "30s"])
             .stdout(self.s.log(&format!("worker-{i}")))
             .stderr(self.s.log(&format!("worker-{i}")))
@@ -163,7 +124,7 @@ impl<'a> Cluster<'a> {
             .unwrap()
     }
     fn restart_coordinator(&mut self) {
-        self.coordinator = Command::new(BIN)
+        self.coordinator = cutline()
             .args(&self.coordinator_args)
             .stdout(self.s.log("coordinator"))
             .stderr(self.s.log("coordinator"))
@@ -171,19 +132,9 @@ impl<'a> Cluster<'a> {
             .unwrap();
     }
     /// Wait for the coordinator to exit by itself; the job's verdict.
-    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(st) = self.coordinator.try_wait().unwrap() {
-                return st;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the job did not finish within {limit:?}; logs in {}",
-                self.s.dir.display()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let (c, dir) = (&mut self.coordinator, &self.s.dir);
+        common::wait_until(&format!("the job to finish; logs in {}", dir.display()), limit, || c.try_wait().unwrap())
     }
 }
 
@@ -198,19 +149,11 @@ impl Drop for Cluster<'_> {
     }
 }
 
-fn signal(child: &Child, sig: &str) {
-    let st = Command::new("kill").args([sig, &child.id().to_string()]).status().unwrap();
-    assert!(st.success(), "kill {sig} failed");
-}
-
-fn log_text(s: &Scratch, name: &str) -> String {
-    std::fs::read_to_string(s.path(&format!("{name}.log"))).unwrap_or_default()
-}
-
 #[test]
 fn a_local_cluster_of_two_workers_counts_words_exactly() {
-    let mut s = Scratch::new("local", seed(), 20_000, 300);
-    let out = Command::new(BIN)
+    let sc = Scenario::new("local", seed(), 20_000, 300);
+    let s = &sc.s;
+    let out = cutline()
         .args(["cluster", "--workers", "2", "wordcount", "--input"])
         .arg(s.path("input.txt"))
         .arg("--output")
@@ -227,7 +170,7 @@ fn a_local_cluster_of_two_workers_counts_words_exactly() {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(s.path("state/cluster.secret")).unwrap().permissions().mode();
     assert_eq!(mode & 0o077, 0, "the generated secret is private");
-    s.check_output("local cluster");
+    sc.check_output("local cluster");
 }
 
 #[test]
@@ -243,27 +186,30 @@ fn chaos_with_unaligned_checkpoints_and_the_output_is_exact() {
     chaos("chaos-unaligned", &["--unaligned"]);
 }
 
-fn chaos(name: &str, _extra: &[&str]) {
+/// Twelve rounds: sleep a seeded 150-700 ms, SIGKILL a seeded victim (one of three workers or the
+/// coordinator) and start it again. `extra` goes to the coordinator's command line; the checkpoints
+/// the coordinator logged must be what it asks for (unaligned with `--unaligned`, aligned without).
+fn chaos(name: &str, extra: &[&str]) {
     let seed = seed();
+    let unaligned = extra.contains(&"--unaligned");
     let started = Instant::now();
-    let mut s = Scratch::new(name, seed, 60_000, 500);
+    let sc = Scenario::new(name, seed, 60_000, 500);
+    let s = &sc.s;
     let mut rng = XorShift::new(seed ^ 0xC4A05);
     {
         // Paced (250 us per line: about 5 s of work per subtask) so that the kills land mid-run.
-        let mut c = Cluster::start(
-            &s,
-            3,
-            &[
-                "--parallelism",
-                "3",
-                "--checkpoint-interval",
-                "30ms",
-                "--line-delay-us",
-                "250",
-                "--replacement-wait",
-                "3s",
-            ],
-        );
+        let mut args = vec![
+            "--parallelism",
+            "3",
+            "--checkpoint-interval",
+            "30ms",
+            "--line-delay-us",
+            "250",
+            "--replacement-wait",
+            "3s",
+        ];
+        args.extend_from_slice(extra);
+        let mut c = Cluster::start(s, 3, &args);
         let rounds = 12;
         let mut killed = Vec::new();
         for round in 0..rounds {
@@ -291,20 +237,38 @@ fn chaos(name: &str, _extra: &[&str]) {
             "seed {seed}: the coordinator failed ({st}) after kills {killed:?}; logs in {}",
             s.dir.display()
         );
-        eprintln!("seed {seed}: kills {killed:?}");
-        let log = log_text(&s, "coordinator");
-        assert!(log.contains(": restoring checkpoint"), "seed {seed}: no restore from a checkpoint happened: {log}");
+        let ev = sc.coordinator_events();
+        let restored = restored_checkpoints(&ev);
+        let periodic = periodic_checkpoints(&ev);
+        let with_unaligned = periodic.iter().filter(|e| e.need_u64("unaligned_tasks") > 0).count();
+        eprintln!(
+            "seed {seed}: kills {killed:?}; restored {restored:?}; {} periodic checkpoints, {with_unaligned} with unaligned tasks",
+            periodic.len()
+        );
+        assert!(!restored.is_empty(), "seed {seed}: no restore from a checkpoint happened: {}", summary(&ev));
         assert!(killed.len() >= 8, "seed {seed}: the job finished before most kills ({killed:?}): make it longer");
+        // With --unaligned the coordinator marks every barrier unaligned, so every task with inputs
+        // snapshots unaligned at every checkpoint; without it, none does.
+        let want = if unaligned { periodic.len() } else { 0 };
+        assert_eq!(
+            with_unaligned,
+            want,
+            "seed {seed}: unaligned={unaligned}, yet {with_unaligned} of {} checkpoints had unaligned tasks; logs in {}",
+            periodic.len(),
+            s.dir.display()
+        );
+        assert!(periodic.len() >= 10, "seed {seed}: only {} checkpoints completed", periodic.len());
     }
-    s.check_output(&format!("seed {seed}"));
+    sc.check_output(&format!("seed {seed}"));
 }
 
 #[test]
 fn a_hung_worker_is_detected_and_the_job_restarts_on_the_live_workers() {
-    let mut s = Scratch::new("hung", seed(), 30_000, 300);
+    let sc = Scenario::new("hung", seed(), 30_000, 300);
+    let s = &sc.s;
     {
         let mut c = Cluster::start(
-            &s,
+            s,
             2,
             &[
                 "--parallelism",
@@ -320,35 +284,42 @@ fn a_hung_worker_is_detected_and_the_job_restarts_on_the_live_workers() {
         // Let it run, then freeze worker 1 for longer than the heartbeat timeout.
         std::thread::sleep(Duration::from_millis(800));
         signal(&c.workers[1], "-STOP");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !log_text(&s, "coordinator").contains("no heartbeat for more than") {
-            assert!(Instant::now() < deadline, "the hung worker was not detected; logs in {}", s.dir.display());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        while !log_text(&s, "coordinator").contains("running on 1 of 2 workers") {
-            assert!(Instant::now() < deadline, "no restart on the live worker; logs in {}", s.dir.display());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let limit = Duration::from_secs(20);
+        let lost = common::wait_until("the coordinator to lose the hung worker", limit, || {
+            let ev = sc.coordinator_events();
+            let lost = named(&ev, "worker_lost").find(|e| e.str("reason").is_some_and(|r| r.contains("no heartbeat")));
+            lost.cloned()
+        });
+        common::wait_until("a restart on the live worker", limit, || {
+            let ev = sc.coordinator_events();
+            let fewer = named(&ev, "fewer_workers").any(|e| e.message().contains("running on 1 of 2 workers"));
+            fewer.then_some(())
+        });
         std::thread::sleep(Duration::from_millis(500));
         signal(&c.workers[1], "-CONT");
         let st = c.wait(Duration::from_secs(90));
         assert!(st.success(), "the job failed: {st}; logs in {}", s.dir.display());
         // The resumed worker found its coordinator connection dead and stopped its old tasks.
-        let w1 = log_text(&s, "worker-1");
-        assert!(w1.contains("lost its coordinator") || w1.contains("worker exits"), "worker 1 log: {w1}");
+        let w1 = s.events("worker-1");
+        assert!(
+            named(&w1, "coordinator_lost").next().is_some() || named(&w1, "worker_exit").next().is_some(),
+            "worker 1 (lost: {lost:?}) neither lost its coordinator nor exited: {}",
+            summary(&w1)
+        );
     }
-    s.check_output("hung worker");
+    sc.check_output("hung worker");
 }
 
 #[test]
 fn peers_without_the_secret_and_garbage_bytes_are_refused_without_disturbing_the_job() {
-    let mut s = Scratch::new("auth", seed(), 20_000, 200);
+    let sc = Scenario::new("auth", seed(), 20_000, 200);
+    let s = &sc.s;
     {
-        let mut c = Cluster::start(&s, 1, &["--parallelism", "2", "--line-delay-us", "200"]);
+        let mut c = Cluster::start(s, 1, &["--parallelism", "2", "--line-delay-us", "200"]);
         // A worker with the wrong secret.
-        std::fs::write(s.path("wrong"), "not-the-cluster-secret-at-all-000").unwrap();
-        let mut intruder = Command::new(BIN)
-            .args(["worker", "--join", &c.addr, "--secret-file", s.path("wrong").to_str().unwrap()])
+        s.write("wrong", "not-the-cluster-secret-at-all-000");
+        let mut intruder = cutline()
+            .args(["worker", "--join", &c.addr, "--secret-file", &s.arg("wrong")])
             .args(["--rejoin-timeout", "1s"])
             .stdout(s.log("intruder"))
             .stderr(s.log("intruder"))
@@ -358,51 +329,48 @@ fn peers_without_the_secret_and_garbage_bytes_are_refused_without_disturbing_the
         for bytes in
             [&b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..], &[b'C', b'U', b'T', b'L', 0, 1, 251, 0, 255, 255, 255, 255][..]]
         {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let mut t = loop {
-                match std::net::TcpStream::connect(&c.addr) {
-                    Ok(t) => break t,
-                    Err(e) => assert!(Instant::now() < deadline, "the coordinator does not listen: {e}"),
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            };
+            let mut t = common::wait_until("the coordinator to listen", Duration::from_secs(10), || {
+                std::net::TcpStream::connect(&c.addr).ok()
+            });
             t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             let _ = t.write_all(bytes);
             let mut sink = Vec::new();
             let _ = t.read_to_end(&mut sink); // the coordinator closes the connection
         }
         // `cutline status` on the coordinator shows the workers' tasks and channels (from heartbeats).
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let st = Command::new(BIN).args(["status", "--state"]).arg(s.path("state")).output().unwrap();
+        common::wait_until("status to show the workers' tasks", Duration::from_secs(20), || {
+            let st = cutline().args(["status", "--state"]).arg(s.path("state")).output().unwrap();
             let text = String::from_utf8_lossy(&st.stdout).to_string();
-            if text.contains("lines#1->counts#0") && text.contains("counts#1  backpressured") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "status never showed the workers' tasks: {text}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while intruder.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "the intruder kept running");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            (text.contains("lines#1->counts#0") && text.contains("counts#1  backpressured")).then_some(())
+        });
+        common::wait_until("the intruder to give up", Duration::from_secs(30), || intruder.try_wait().unwrap());
         let st = c.wait(Duration::from_secs(90));
         assert!(st.success(), "the job failed: {st}");
-        let log = log_text(&s, "coordinator");
-        assert!(log.contains("refused a connection"), "no refusal logged: {log}");
-        assert!(log.contains("wrong cluster secret") || log.contains("secret"), "{log}");
-        assert!(!log.contains(SECRET), "the secret must never be logged");
-        let intruder_log = log_text(&s, "intruder");
-        assert!(intruder_log.contains("rejected"), "intruder log: {intruder_log}");
+        let ev = sc.coordinator_events();
+        let refused: Vec<&str> = named(&ev, "connection_refused").map(|e| e.str("reason").unwrap_or("")).collect();
+        assert!(
+            refused.iter().any(|r| r.contains("wrong cluster secret")),
+            "no connection was refused for its wrong secret: refusals {refused:?}; logs in {}",
+            s.dir.display()
+        );
+        assert!(
+            refused.iter().filter(|r| !r.contains("wrong cluster secret")).count() >= 2,
+            "the two connections that sent garbage were not refused: refusals {refused:?}"
+        );
+        assert!(!s.log_text("coordinator").contains(SECRET), "the secret must never be logged");
+        // The intruder was told why: its failed joins (or its final error) name the wrong secret.
+        let intruder_log = s.log_text("intruder");
+        let told = named(&common::events(&intruder_log), "join_failed")
+            .any(|e| e.str("reason").is_some_and(|r| r.contains("wrong cluster secret")))
+            || intruder_log.lines().any(|l| l.starts_with("error:") && l.contains("wrong cluster secret"));
+        assert!(told, "the intruder was not told its secret is wrong: {intruder_log}");
     }
-    s.check_output("auth");
+    sc.check_output("auth");
 }
 
 #[test]
 fn a_worker_without_a_secret_or_with_a_bad_address_is_refused_with_advice() {
-    let out =
-        Command::new(BIN).args(["worker", "--join", "127.0.0.1:1"]).env_remove("CUTLINE_SECRET_FILE").output().unwrap();
+    let out = cutline().args(["worker", "--join", "127.0.0.1:1"]).env_remove("CUTLINE_SECRET_FILE").output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--secret-file") && err.contains("urandom"), "{err}");
@@ -410,7 +378,7 @@ fn a_worker_without_a_secret_or_with_a_bad_address_is_refused_with_advice() {
     let t = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("secret"), SECRET).unwrap();
-    let out = Command::new(BIN)
+    let out = cutline()
         .args(["worker", "--join", "coordinator-host", "--secret-file"])
         .arg(dir.path().join("secret"))
         .output()
@@ -429,11 +397,12 @@ fn checkpoints_on_s3_survive_a_killed_worker_and_a_killed_coordinator() {
     let endpoint = std::env::var("CUTLINE_S3_ENDPOINT")
         .expect("CUTLINE_S3_ENDPOINT is not set: run the tests through scripts/test, which starts an S3 server");
     let bucket = std::env::var("CUTLINE_S3_BUCKET").unwrap_or_else(|_| "cutline-test".into());
-    let mut s = Scratch::new("s3", seed(), 30_000, 300);
+    let sc = Scenario::new("s3", seed(), 30_000, 300);
+    let s = &sc.s;
     let url = format!("s3://{bucket}/cluster-{}-{}", std::process::id(), seed());
     {
         let mut c = Cluster::start(
-            &s,
+            s,
             2,
             &[
                 "--parallelism",
@@ -446,11 +415,7 @@ fn checkpoints_on_s3_survive_a_killed_worker_and_a_killed_coordinator() {
                 &url,
             ],
         );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while log_text(&s, "coordinator").matches(" complete in ").count() < 3 {
-            assert!(Instant::now() < deadline, "no checkpoints on {endpoint}; logs in {}", s.dir.display());
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        sc.wait_for_checkpoints(3, Duration::from_secs(30));
         signal(&c.workers[0], "-KILL");
         c.workers[0].wait().unwrap();
         c.workers[0] = c.start_worker(0);
@@ -460,44 +425,47 @@ fn checkpoints_on_s3_survive_a_killed_worker_and_a_killed_coordinator() {
         c.restart_coordinator();
         let st = c.wait(Duration::from_secs(90));
         assert!(st.success(), "the job failed: {st}; logs in {}", s.dir.display());
-        let log = log_text(&s, "coordinator");
-        assert!(log.contains(": restoring checkpoint"), "the restarted coordinator restored nothing: {log}");
+        let ev = sc.coordinator_events();
+        assert!(
+            !restored_checkpoints(&ev).is_empty(),
+            "the restarted coordinator restored nothing from {endpoint}: {}",
+            summary(&ev)
+        );
     }
-    s.check_output("checkpoints on S3");
+    sc.check_output("checkpoints on S3");
 }
 
 /// A savepoint taken from a cluster restores anywhere: stop a two-worker job with a savepoint, then
 /// finish it embedded in one process from that savepoint; the output is exact.
 #[test]
 fn a_cluster_stopped_with_a_savepoint_resumes_in_one_process() {
-    let mut s = Scratch::new("savepoint", seed(), 30_000, 300);
+    let sc = Scenario::new("savepoint", seed(), 30_000, 300);
+    let s = &sc.s;
     {
         let mut c =
-            Cluster::start(&s, 2, &["--parallelism", "2", "--checkpoint-interval", "50ms", "--line-delay-us", "200"]);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while log_text(&s, "coordinator").matches(" complete in ").count() < 3 {
-            assert!(Instant::now() < deadline, "no checkpoints; logs in {}", s.dir.display());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let out = Command::new(BIN).args(["savepoint", "--stop", "--state"]).arg(s.path("state")).output().unwrap();
+            Cluster::start(s, 2, &["--parallelism", "2", "--checkpoint-interval", "50ms", "--line-delay-us", "200"]);
+        sc.wait_for_checkpoints(3, Duration::from_secs(30));
+        let out = cutline().args(["savepoint", "--stop", "--state"]).arg(s.path("state")).output().unwrap();
         assert!(out.status.success(), "savepoint --stop failed: {}", String::from_utf8_lossy(&out.stderr));
         let sp = String::from_utf8_lossy(&out.stdout).trim().to_string();
         assert!(Path::new(&sp).is_dir(), "savepoint directory {sp:?}");
         let st = c.wait(Duration::from_secs(30));
         assert!(st.success(), "the coordinator failed: {st}");
-        assert!(log_text(&s, "coordinator").contains("stopped with savepoint"), "{}", log_text(&s, "coordinator"));
+        // The run's report line (stdout) says how it ended.
+        let log = s.log_text("coordinator");
+        assert!(log.lines().any(|l| l.starts_with("stopped with savepoint")), "{log}");
+        assert!(
+            named(&sc.coordinator_events(), "savepoint_triggered").any(|e| e.bool("stop") == Some(true)),
+            "no stop-savepoint event: {log}"
+        );
         // The workers were told the job is over.
         for (i, w) in c.workers.iter_mut().enumerate() {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while w.try_wait().unwrap().is_none() {
-                assert!(Instant::now() < deadline, "worker {i} did not exit");
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            common::wait_until(&format!("worker {i} to exit"), Duration::from_secs(10), || w.try_wait().unwrap());
         }
-        let problems = cutline_cli::jobs::check_wordcount_output(&s.text, &s.path("out")).unwrap();
+        let problems = cutline_cli::jobs::check_wordcount_output(&sc.text, &s.path("out")).unwrap();
         assert!(!problems.is_empty(), "stopped early, yet the output is complete");
         // Resume embedded, on a fresh state directory, from the savepoint.
-        let out = Command::new(BIN)
+        let out = cutline()
             .args(["run", "wordcount", "--input"])
             .arg(s.path("input.txt"))
             .arg("--output")
@@ -509,7 +477,7 @@ fn a_cluster_stopped_with_a_savepoint_resumes_in_one_process() {
             .unwrap();
         assert!(out.status.success(), "resume failed: {}", String::from_utf8_lossy(&out.stderr));
     }
-    s.check_output("savepoint from a cluster");
+    sc.check_output("savepoint from a cluster");
 }
 
 /// CPU ticks (user + system) a process has used so far, from /proc.
@@ -526,14 +494,11 @@ fn cpu_ticks(pid: u32) -> u64 {
 #[test]
 fn a_worker_without_tasks_sleeps_instead_of_spinning_regression_idle_spin() {
     // With more workers than subtasks, a worker got no tasks and its loop spun on a closed channel.
-    let mut s = Scratch::new("idle", seed(), 20_000, 100);
+    let sc = Scenario::new("idle", seed(), 20_000, 100);
+    let s = &sc.s;
     {
-        let mut c = Cluster::start(&s, 2, &["--parallelism", "1", "--line-delay-us", "150"]);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while log_text(&s, "coordinator").matches(" complete in ").count() < 2 {
-            assert!(Instant::now() < deadline, "no checkpoints; logs in {}", s.dir.display());
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut c = Cluster::start(s, 2, &["--parallelism", "1", "--line-delay-us", "150"]);
+        sc.wait_for_checkpoints(2, Duration::from_secs(30));
         let before: Vec<u64> = c.workers.iter().map(|w| cpu_ticks(w.id())).collect();
         std::thread::sleep(Duration::from_millis(1000));
         let used: Vec<u64> = c.workers.iter().zip(&before).map(|(w, b)| cpu_ticks(w.id()).saturating_sub(*b)).collect();
@@ -543,5 +508,5 @@ fn a_worker_without_tasks_sleeps_instead_of_spinning_regression_idle_spin() {
         let st = c.wait(Duration::from_secs(60));
         assert!(st.success(), "the job failed: {st}");
     }
-    s.check_output("idle worker");
+    sc.check_output("idle worker");
 }

@@ -1,14 +1,17 @@
 //! `kill -9` scenarios for the `cutline` binary: the word-count job is started, SIGKILLed at random
 //! moments (with a 20 ms checkpoint interval, so many kills land while a checkpoint is being taken,
 //! written or committed), started again with the same arguments until it finishes, and its committed
-//! output is compared with that of an uninterrupted run. Also: a finished job is not run twice, and
-//! bad arguments are refused with a clear message before anything is touched.
+//! output is compared with that of an uninterrupted run. The runs' JSON events must show that a
+//! checkpoint was restored (a kill loop whose kills all land before the first checkpoint recovers
+//! nothing), and that the checkpoints were of the mode's kind (unaligned, switched after the
+//! alignment timeout, or aligned). Also: a finished job is not run twice, and bad arguments are
+//! refused with a clear message before anything is touched.
 //!
 //! Every scenario is deterministic given its seed (the input text and the kill delays come from a
 //! seeded xorshift generator); the seed is in every failure message. To try another seed:
 //!
 //! ```text
-//! CUTLINE_KILL9_SEED=1234 cargo test --release -p cutline --test kill9
+//! CUTLINE_KILL9_SEED=1234 cargo test --release -p cutline-cli --test kill9
 //! ```
 //!
 //! A failing scenario keeps its scratch directory (input, output, state, the logs of every run) and
@@ -16,16 +19,16 @@
 
 #![cfg(unix)]
 
+mod common;
+
+use common::{cutline, periodic_checkpoints, restored_checkpoints, LogEvent, Scratch, XorShift, BIN};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::fs::File;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_cutline");
 
 /// Lines of the generated input of the kill scenarios: about 4 M words, 31 MB. One uninterrupted run
 /// takes about 1.1 s in release on an idle 2-core machine, so most of the kills land mid-run.
@@ -45,38 +48,6 @@ const SHORT_RUN_TIME_LIMIT: Duration = Duration::from_secs(30);
 
 // ---------------------------------------------------------------------------------------------------
 // Deterministic randomness and input text.
-
-/// xorshift64* — small, seedable, good enough to pick words and delays.
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> XorShift {
-        // Spread the seed (splitmix64 finaliser) so that nearby seeds give unrelated streams; never 0.
-        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        XorShift(if z == 0 { 0x2545_F491_4F6C_DD1D } else { z })
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform-ish in `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next_u64() % (hi - lo + 1)
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.range(0, items.len() as u64 - 1) as usize]
-    }
-}
 
 /// A vocabulary of `n` distinct words: mostly ASCII, some with multi-byte letters.
 fn vocabulary(rng: &mut XorShift, n: usize) -> Vec<String> {
@@ -131,38 +102,6 @@ fn generate_text(seed: u64, lines: usize) -> String {
 // ---------------------------------------------------------------------------------------------------
 // Scratch directories, process handling, failure messages.
 
-/// A scratch directory, removed when the test passes and kept (and announced) when it fails.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(test: &str) -> Scratch {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let nanos =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-        let p = std::env::temp_dir().join(format!(
-            "cutline-kill9-{test}-{}-{}-{nanos}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&p).unwrap_or_else(|e| panic!("cannot create scratch directory {}: {e}", p.display()));
-        Scratch(p)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("kill9: kept scratch directory {} for inspection", self.0.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
 /// The seed of a test: `CUTLINE_KILL9_SEED` if set, else the test's own default.
 fn seed_for(default: u64) -> u64 {
     match std::env::var("CUTLINE_KILL9_SEED") {
@@ -180,7 +119,7 @@ struct Ctx {
 impl Ctx {
     fn fail(&self, msg: impl std::fmt::Display) -> ! {
         panic!(
-            "\n[{test}] seed {seed}: {msg}\nreplay: CUTLINE_KILL9_SEED={seed} cargo test --release -p cutline --test kill9 -- --exact {test}\n",
+            "\n[{test}] seed {seed}: {msg}\nreplay: CUTLINE_KILL9_SEED={seed} cargo test --release -p cutline-cli --test kill9 -- --exact {test}\n",
             test = self.test,
             seed = self.seed
         )
@@ -226,15 +165,12 @@ fn command_line(args: &[OsString]) -> String {
 fn spawn(args: &[OsString], log: &Path) -> std::io::Result<Child> {
     let out = File::create(log.with_extension("stdout"))?;
     let err = File::create(log.with_extension("stderr"))?;
-    Command::new(BIN).args(args).stdin(Stdio::null()).stdout(out).stderr(err).spawn()
+    cutline().args(args).stdin(Stdio::null()).stdout(out).stderr(err).spawn()
 }
 
 /// The (stdout, stderr) a run left in its log files.
 fn logs(log: &Path) -> (String, String) {
-    let read = |ext| {
-        std::fs::read(log.with_extension(ext)).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
-    };
-    (read("stdout"), read("stderr"))
+    (common::read_lossy(&log.with_extension("stdout")), common::read_lossy(&log.with_extension("stderr")))
 }
 
 /// The last `n` lines of `s`, for failure messages.
@@ -374,7 +310,7 @@ fn kill_and_resume(sc: &KillScenario) -> KillOutcome {
     let started = Instant::now();
     let deadline = started + SCENARIO_TIME_LIMIT;
     let ctx = Ctx { test: sc.test, seed: seed_for(sc.default_seed) };
-    let scratch = Scratch::new(sc.test);
+    let scratch = Scratch::new(&format!("kill9-{}", sc.test));
     let text = generate_text(ctx.seed, KILL_INPUT_LINES);
     let input = scratch.path("input.txt");
     std::fs::write(&input, &text).unwrap_or_else(|e| ctx.fail(format!("writing {}: {e}", input.display())));
@@ -431,7 +367,52 @@ fn kill_and_resume(sc: &KillScenario) -> KillOutcome {
         fin.stdout.trim(),
         started.elapsed().as_millis()
     );
+    let runs: Vec<PathBuf> =
+        (1..=KILL_ROUNDS).map(|r| scratch.path(&format!("run-{r:02}"))).chain(std::iter::once(log)).collect();
+    let events: Vec<LogEvent> =
+        runs.iter().flat_map(|r| common::events(&common::read_lossy(&r.with_extension("stderr")))).collect();
+    check_checkpoints(&ctx, sc.mode, &events, &delays);
     KillOutcome { ctx, scratch, text, output, args, deadline }
+}
+
+/// What the runs' events must show: a restore from a checkpoint (else every kill landed before the
+/// first checkpoint and nothing was recovered), and checkpoints of the kind the mode asks for:
+/// unaligned ones with `--unaligned`, switched ones with a 2 ms alignment timeout, none unaligned
+/// in plain exactly-once mode.
+fn check_checkpoints(ctx: &Ctx, mode: &str, events: &[LogEvent], delays: &[u64]) {
+    let restored = restored_checkpoints(events);
+    let periodic = periodic_checkpoints(events);
+    let unaligned = periodic.iter().filter(|e| e.need_u64("unaligned_tasks") > 0).count();
+    let switched = periodic.iter().filter(|e| e.need_u64("switched_tasks") > 0).count();
+    println!(
+        "[{}] seed {}: {} restores from a checkpoint ({restored:?}); {} periodic checkpoints, {unaligned} with unaligned tasks, {switched} with switched tasks",
+        ctx.test,
+        ctx.seed,
+        restored.len(),
+        periodic.len()
+    );
+    if restored.is_empty() {
+        ctx.fail(format!(
+            "no run restored a checkpoint (kill delays {delays:?} ms): nothing was recovered; events: {}",
+            common::summary(events)
+        ));
+    }
+    // An unaligned checkpoint never switches; an aligned one is unaligned only where it switched
+    // (or downstream of a task that did).
+    let unaligned_without_switch =
+        periodic.iter().filter(|e| e.need_u64("unaligned_tasks") > 0 && e.need_u64("switched_tasks") == 0).count();
+    let kind_ok = match mode {
+        "unaligned" => !periodic.is_empty() && unaligned == periodic.len() && switched == 0,
+        "aligned-timeout" => switched > 0 && unaligned_without_switch == 0,
+        "exactly-once" => unaligned == 0,
+        _ => true,
+    };
+    if !kind_ok {
+        ctx.fail(format!(
+            "mode {mode}: {unaligned} of {} checkpoints had unaligned tasks and {switched} had switched ones",
+            periodic.len()
+        ));
+    }
 }
 
 /// Exactly-once check: `check_wordcount_output` must find nothing.
@@ -458,7 +439,7 @@ fn uninterrupted_run_gives_exact_output() {
     // The baseline the kill scenarios are compared with; also sizes the input (prints the duration).
     let ctx = Ctx { test: "uninterrupted_run_gives_exact_output", seed: seed_for(11) };
     let deadline = Instant::now() + SCENARIO_TIME_LIMIT;
-    let scratch = Scratch::new(ctx.test);
+    let scratch = Scratch::new(&format!("kill9-{}", ctx.test));
     let text = generate_text(ctx.seed, KILL_INPUT_LINES);
     let input = scratch.path("input.txt");
     std::fs::write(&input, &text).unwrap();
@@ -636,7 +617,7 @@ fn kill_9_at_random_moments_in_at_least_once_mode_loses_no_count_and_invents_not
 fn running_a_finished_job_again_says_so_and_changes_nothing() {
     let ctx = Ctx { test: "running_a_finished_job_again_says_so_and_changes_nothing", seed: seed_for(4) };
     let deadline = Instant::now() + SCENARIO_TIME_LIMIT;
-    let scratch = Scratch::new(ctx.test);
+    let scratch = Scratch::new(&format!("kill9-{}", ctx.test));
     let text = generate_text(ctx.seed, 20_000);
     let input = scratch.path("input.txt");
     std::fs::write(&input, &text).unwrap();
@@ -716,7 +697,7 @@ fn small_job(ctx: &Ctx, scratch: &Scratch) -> (PathBuf, PathBuf, PathBuf) {
 #[test]
 fn missing_input_file_is_refused_with_a_clear_message() {
     let ctx = Ctx { test: "missing_input_file_is_refused_with_a_clear_message", seed: seed_for(5) };
-    let scratch = Scratch::new(ctx.test);
+    let scratch = Scratch::new(&format!("kill9-{}", ctx.test));
     let input = scratch.path("no-such-input.txt");
     let args = wordcount_args(&input, &scratch.path("output"), &scratch.path("state"), 1, "200ms", "exactly-once");
     let log = scratch.path("run");
@@ -727,7 +708,7 @@ fn missing_input_file_is_refused_with_a_clear_message() {
 #[test]
 fn checkpoint_interval_in_parsecs_is_refused_with_a_clear_message() {
     let ctx = Ctx { test: "checkpoint_interval_in_parsecs_is_refused_with_a_clear_message", seed: seed_for(6) };
-    let scratch = Scratch::new(ctx.test);
+    let scratch = Scratch::new(&format!("kill9-{}", ctx.test));
     let (input, output, state) = small_job(&ctx, &scratch);
     let args = wordcount_args(&input, &output, &state, 1, "5parsecs", "exactly-once");
     let log = scratch.path("run");
@@ -742,7 +723,7 @@ fn checkpoint_interval_in_parsecs_is_refused_with_a_clear_message() {
 fn output_path_that_is_a_regular_file_is_refused_and_the_file_is_left_alone() {
     let ctx =
         Ctx { test: "output_path_that_is_a_regular_file_is_refused_and_the_file_is_left_alone", seed: seed_for(7) };
-    let scratch = Scratch::new(ctx.test);
+    let scratch = Scratch::new(&format!("kill9-{}", ctx.test));
     let (input, _, state) = small_job(&ctx, &scratch);
     let output = scratch.path("precious.txt");
     std::fs::write(&output, "do not touch\n").unwrap();
@@ -760,7 +741,7 @@ fn output_path_that_is_a_regular_file_is_refused_and_the_file_is_left_alone() {
 fn state_dir_of_another_job_is_refused_and_left_unchanged() {
     let ctx = Ctx { test: "state_dir_of_another_job_is_refused_and_left_unchanged", seed: seed_for(8) };
     let deadline = Instant::now() + SCENARIO_TIME_LIMIT;
-    let scratch = Scratch::new(ctx.test);
+    let scratch = Scratch::new(&format!("kill9-{}", ctx.test));
     let state = scratch.path("state");
     // Job A: input X into output A, state S, run to completion.
     let (input_x, output_a) = (scratch.path("x.txt"), scratch.path("output-a"));

@@ -26,12 +26,12 @@
 
 #![cfg(target_os = "linux")]
 
-use std::fs::File;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+mod common;
+
+use common::{check_output, count, cutline, named, word_lines, LogEvent, Scratch, BIN};
+use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_cutline");
 const SECRET: &str = "partition-test-secret-0123456789abcdef";
 /// Hard bound on the whole scenario.
 const TIME_LIMIT: Duration = Duration::from_secs(110);
@@ -41,76 +41,6 @@ const LINES: usize = 72_000;
 const LINE_DELAY_US: &str = "500";
 /// How long the network stays slow (at least; until a checkpoint timed out).
 const SLOW_FOR: Duration = Duration::from_millis(1500);
-
-struct XorShift(u64);
-impl XorShift {
-    fn new(seed: u64) -> XorShift {
-        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
-/// A scratch directory with an input text, kept (and printed) if the scenario fails.
-struct Scratch {
-    dir: PathBuf,
-    text: String,
-    keep: bool,
-}
-
-impl Scratch {
-    fn new(lines: usize, vocabulary: u64) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("cutline-partition-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut rng = XorShift::new(42);
-        let mut text = String::new();
-        for _ in 0..lines {
-            for k in 0..8 {
-                if k > 0 {
-                    text.push(' ');
-                }
-                text.push_str(&format!("w{}", rng.next() % vocabulary));
-            }
-            text.push('\n');
-        }
-        std::fs::write(dir.join("input.txt"), &text).unwrap();
-        std::fs::write(dir.join("secret"), SECRET).unwrap();
-        Scratch { dir, text, keep: true }
-    }
-    fn path(&self, p: &str) -> String {
-        self.dir.join(p).display().to_string()
-    }
-    fn log(&self, name: &str) -> Stdio {
-        Stdio::from(File::options().create(true).append(true).open(self.dir.join(format!("{name}.log"))).unwrap())
-    }
-    fn log_text(&self, name: &str) -> String {
-        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
-    }
-    fn check_output(&mut self, what: &str) {
-        let problems = cutline_cli::jobs::check_wordcount_output(&self.text, &self.dir.join("out")).unwrap();
-        assert!(
-            problems.is_empty(),
-            "{what}: output differs from a failure-free run: {problems:#?}; logs in {}",
-            self.dir.display()
-        );
-        self.keep = false;
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if self.keep {
-            eprintln!("partition scratch kept in {} (coordinator.log, worker-*.log)", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-}
 
 /// Run a command; its stdout, or an error naming the command and its stderr.
 fn run(program: &str, args: &[&str]) -> Result<String, String> {
@@ -319,11 +249,11 @@ impl Procs<'_> {
     }
 
     /// Wait (at most `limit`, and within the scenario's bound) until `cond` holds of the coordinator's
-    /// log, while the job runs.
-    fn wait_for(&mut self, what: &str, limit: Duration, mut cond: impl FnMut(&str) -> bool) {
+    /// events, while the job runs.
+    fn wait_for(&mut self, what: &str, limit: Duration, mut cond: impl FnMut(&[LogEvent]) -> bool) {
         let deadline = (Instant::now() + limit).min(self.deadline());
         loop {
-            if cond(&self.s.log_text("coordinator")) {
+            if cond(&self.s.events("coordinator")) {
                 return;
             }
             if let Some(st) = self.coordinator.try_wait().unwrap() {
@@ -363,28 +293,27 @@ impl Drop for Procs<'_> {
     }
 }
 
-/// The ids the coordinator gave to workers whose data plane is at `ip`, in the order they joined.
-fn joins_from(log: &str, ip: &str) -> Vec<u32> {
-    let at = format!("joined, data plane at {ip}:");
-    log.lines()
-        .filter(|l| l.contains(&at))
-        .filter_map(|l| l.strip_prefix("cutline: worker ")?.split(' ').next()?.parse().ok())
-        .collect()
+/// The ids the coordinator gave to workers whose data plane is at `ip`, in the order they joined
+/// (`worker_joined` events; the address is in the message only).
+fn joins_from(events: &[LogEvent], ip: &str) -> Vec<u64> {
+    let at = format!("data plane at {ip}:");
+    named(events, "worker_joined").filter(|e| e.message().contains(&at)).map(|e| e.need_u64("worker")).collect()
+}
+
+/// Checkpoints that failed because they timed out (`checkpoint_failed` events).
+fn timed_out(events: &[LogEvent]) -> usize {
+    named(events, "checkpoint_failed").filter(|e| e.str("reason").is_some_and(|r| r.starts_with("timed out"))).count()
 }
 
 /// `cutline tune` the running job.
 fn tune(s: &Scratch, settings: &[&str]) {
-    let out = Command::new(BIN).args(["tune", "--state", &s.path("state")]).args(settings).output().unwrap();
+    let out = cutline().args(["tune", "--state", &s.arg("state")]).args(settings).output().unwrap();
     assert!(
         out.status.success(),
         "cutline tune {settings:?} failed: {}; logs in {}",
         String::from_utf8_lossy(&out.stderr),
         s.dir.display()
     );
-}
-
-fn count(text: &str, what: &str) -> usize {
-    text.matches(what).count()
 }
 
 #[test]
@@ -397,7 +326,10 @@ fn a_worker_on_a_slow_then_partitioned_network_is_lost_and_joins_again_and_the_o
     let started = Instant::now();
     // Dropped last: the processes go first, then the namespace.
     let net = Netns::create();
-    let mut s = Scratch::new(LINES, 500);
+    let s = Scratch::new("partition");
+    let text = word_lines(42, LINES, (8, 8), 500);
+    s.write("input.txt", &text);
+    s.write("secret", SECRET);
     let port = std::net::TcpListener::bind((net.host_ip.as_str(), 0)).unwrap().local_addr().unwrap().port();
     let addr = format!("{}:{port}", net.host_ip);
     eprintln!(
@@ -410,21 +342,22 @@ fn a_worker_on_a_slow_then_partitioned_network_is_lost_and_joins_again_and_the_o
     );
     let ns_ip = net.ns_ip.clone();
     let timeline = {
-        let coordinator = Command::new(BIN)
-            .args(["run", "wordcount", "--input", &s.path("input.txt"), "--output", &s.path("out")])
-            .args(["--state", &s.path("state"), "--parallelism", "3", "--line-delay-us", LINE_DELAY_US])
+        let coordinator = cutline()
+            .args(["run", "wordcount", "--input", &s.arg("input.txt"), "--output", &s.arg("out")])
+            .args(["--state", &s.arg("state"), "--parallelism", "3", "--line-delay-us", LINE_DELAY_US])
             .args(["--checkpoint-interval", "50ms", "--checkpoint-timeout", "300ms"])
             .args(["--coordinator", &addr, "--workers", "3", "--min-workers", "2", "--replacement-wait", "1s"])
-            .args(["--secret-file", &s.path("secret"), "--heartbeat-interval", "50ms", "--heartbeat-timeout", "1s"])
+            .args(["--secret-file", &s.arg("secret"), "--heartbeat-interval", "50ms", "--heartbeat-timeout", "1s"])
             .arg("-v")
             .stdout(s.log("coordinator"))
             .stderr(s.log("coordinator"))
             .spawn()
             .unwrap();
         let mut p = Procs { s: &s, started, coordinator, workers: Vec::new() };
-        let worker_args = ["worker", "--join", &addr, "--secret-file", &s.path("secret"), "--rejoin-timeout", "60s"];
+        let secret = s.arg("secret");
+        let worker_args = ["worker", "--join", &addr, "--secret-file", &secret, "--rejoin-timeout", "60s", "-v"];
         for name in ["worker-0", "worker-1"] {
-            let w = Command::new(BIN)
+            let w = cutline()
                 .args(worker_args)
                 .args(["--listen", &format!("{}:0", net.host_ip)])
                 .stdout(s.log(name))
@@ -438,6 +371,7 @@ fn a_worker_on_a_slow_then_partitioned_network_is_lost_and_joins_again_and_the_o
             .args(["netns", "exec", &net.name, BIN])
             .args(worker_args)
             .args(["--listen", &format!("{ns_ip}:0")])
+            .env("CUTLINE_LOG_FORMAT", "json")
             .stdout(s.log("worker-ns"))
             .stderr(s.log("worker-ns"))
             .spawn()
@@ -445,10 +379,10 @@ fn a_worker_on_a_slow_then_partitioned_network_is_lost_and_joins_again_and_the_o
         p.workers.push(("worker-ns", w));
 
         // Running on all three, checkpoints completing.
-        p.wait_for("the first checkpoints on 3 workers", Duration::from_secs(30), |log| {
-            joins_from(log, &ns_ip).len() == 1 && count(log, " complete in ") >= 3
+        p.wait_for("the first checkpoints on 3 workers", Duration::from_secs(30), |ev| {
+            joins_from(ev, &ns_ip).len() == 1 && count(ev, "checkpoint_complete") >= 3
         });
-        let ns_id = joins_from(&s.log_text("coordinator"), &ns_ip)[0];
+        let ns_id = joins_from(&s.events("coordinator"), &ns_ip)[0];
         let running_at = started.elapsed();
         // While the network is slow, failed checkpoints do not fail the job over: a redeployment is not
         // what this phase is about.
@@ -456,26 +390,27 @@ fn a_worker_on_a_slow_then_partitioned_network_is_lost_and_joins_again_and_the_o
         std::thread::sleep(Duration::from_millis(500));
 
         // Phase 1: a slow network. Checkpoints time out; no worker is lost, the job does not restart.
-        let mark = s.log_text("coordinator").len();
+        let mark = s.events("coordinator").len();
         let how = net.slow(port);
         let slowed = Instant::now();
         eprintln!("partition: phase 1 (slow network: {how}) at {:?}", started.elapsed());
-        p.wait_for("a checkpoint that timed out on the slow network", Duration::from_secs(20), |log| {
-            log[mark..].contains("failed: timed out waiting for")
+        p.wait_for("a checkpoint that timed out on the slow network", Duration::from_secs(20), |ev| {
+            timed_out(&ev[mark..]) > 0
         });
         std::thread::sleep(SLOW_FOR.saturating_sub(slowed.elapsed()));
         net.heal();
         let slow_for = slowed.elapsed();
-        let healed_mark = s.log_text("coordinator").len();
-        p.wait_for("a complete checkpoint once the network is fast again", Duration::from_secs(30), |log| {
-            log[healed_mark..].contains(" complete in ")
+        let healed_mark = s.events("coordinator").len();
+        p.wait_for("a complete checkpoint once the network is fast again", Duration::from_secs(30), |ev| {
+            count(&ev[healed_mark..], "checkpoint_complete") > 0
         });
-        let phase1 = s.log_text("coordinator")[mark..].to_string();
-        let timeouts = count(&phase1, "failed: timed out waiting for");
+        let phase1 = s.events("coordinator").split_off(mark);
+        let timeouts = timed_out(&phase1);
         eprintln!("partition: phase 1 healed after {slow_for:?}: {timeouts} checkpoint(s) timed out");
-        for (what, line) in [("a worker was lost", " lost: "), ("the job failed over", "failing over")] {
-            assert!(
-                !phase1.contains(line),
+        for (what, event) in [("a worker was lost", "worker_lost"), ("the job failed over", "failover")] {
+            assert_eq!(
+                count(&phase1, event),
+                0,
                 "{what} although the network was only slow ({how}); logs in {}",
                 s.dir.display()
             );
@@ -485,31 +420,27 @@ fn a_worker_on_a_slow_then_partitioned_network_is_lost_and_joins_again_and_the_o
 
         // Phase 2: a partition. The coordinator loses the worker and runs on the two others; the cut-off
         // worker loses its coordinator.
-        let mark = s.log_text("coordinator").len();
+        let mark = s.events("coordinator").len();
         let how = net.cut();
         let cut = Instant::now();
         eprintln!("partition: phase 2 (partition: {how}) at {:?}", started.elapsed());
-        // `cutline: WARNING: worker 1 (host/pid) lost: ...` (a warning, so marked as one).
-        let lost = format!("cutline: WARNING: worker {ns_id} (");
-        p.wait_for("the coordinator to lose the cut-off worker", Duration::from_secs(20), |log| {
-            log[mark..].lines().any(|l| l.starts_with(&lost) && l.contains(" lost: "))
+        p.wait_for("the coordinator to lose the cut-off worker", Duration::from_secs(20), |ev| {
+            named(&ev[mark..], "worker_lost").any(|e| e.u64("worker") == Some(ns_id) && e.level == "WARN")
         });
         let detected = cut.elapsed();
-        p.wait_for("the job to run on the two reachable workers", Duration::from_secs(20), |log| {
-            log[mark..].contains("running on 2 of 3 workers")
+        p.wait_for("the job to run on the two reachable workers", Duration::from_secs(20), |ev| {
+            named(&ev[mark..], "fewer_workers").any(|e| e.message().contains("running on 2 of 3 workers"))
         });
         let degraded = cut.elapsed();
         p.wait_for("the cut-off worker to find it lost its coordinator", Duration::from_secs(20), |_| {
-            s.log_text("worker-ns").contains("lost its coordinator")
+            count(&s.events("worker-ns"), "coordinator_lost") > 0
         });
         net.heal();
         let healed = cut.elapsed();
         eprintln!("partition: phase 2 healed at {:?}", started.elapsed());
-        p.wait_for("the healed worker to join again", Duration::from_secs(60), |log| {
-            joins_from(log, &ns_ip).len() >= 2
-        });
+        p.wait_for("the healed worker to join again", Duration::from_secs(60), |ev| joins_from(ev, &ns_ip).len() >= 2);
         let rejoined = cut.elapsed();
-        let ids = joins_from(&s.log_text("coordinator"), &ns_ip);
+        let ids = joins_from(&s.events("coordinator"), &ns_ip);
         assert_ne!(ids[0], ids[1], "a worker that joins again gets a new id; logs in {}", s.dir.display());
 
         let st = p.wait_exit();
@@ -537,8 +468,13 @@ fn a_worker_on_a_slow_then_partitioned_network_is_lost_and_joins_again_and_the_o
              {rejoined:?}; finished at {finished:?}"
         )
     };
+    // The run's report line (stdout).
     let log = s.log_text("coordinator");
-    assert!(log.contains("finished: final checkpoint"), "the job did not report its end; logs in {}", s.dir.display());
-    s.check_output("partition");
+    assert!(
+        log.lines().any(|l| l.starts_with("finished: final checkpoint")),
+        "the job did not report its end; logs in {}",
+        s.dir.display()
+    );
+    check_output(&text, &s.path("out"), "partition", &s.dir);
     eprintln!("partition: {timeline}");
 }

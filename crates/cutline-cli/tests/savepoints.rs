@@ -9,70 +9,28 @@
 
 #![cfg(unix)]
 
+mod common;
+
+use common::{cutline, Scratch};
 use cutline::{CheckpointStore, LocalDirStore};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_cutline");
 /// Bound on every wait for a condition (a job answering, a checkpoint completing, a run ending).
 const WAIT_LIMIT: Duration = Duration::from_secs(20);
 /// Pacing of the first run of a scenario: a sleep per input line, in each of two source tasks.
 const LINE_DELAY_US: &str = "1000";
 
 // ---------------------------------------------------------------------------------------------------
-// Scratch directories, input text, processes.
-
-/// A temporary directory, kept (and named on stderr) when the test fails.
-struct Scratch {
-    dir: Option<tempfile::TempDir>,
-}
-
-impl Scratch {
-    fn new(test: &str) -> Scratch {
-        let dir = tempfile::Builder::new().prefix(&format!("cutline-sp-{test}-")).tempdir().expect("tempdir");
-        Scratch { dir: Some(dir) }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.as_ref().expect("scratch").path().join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            if let Some(d) = self.dir.take() {
-                eprintln!("scratch directory kept for inspection: {}", d.keep().display());
-            }
-        }
-    }
-}
+// Input text, processes.
 
 /// `lines` lines of 1 to 8 words from a 400-word vocabulary, the same for the same seed.
 fn generate_text(seed: u64, lines: usize) -> String {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move || {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    };
-    let mut text = String::new();
-    for _ in 0..lines {
-        let n = 1 + next() % 8;
-        for i in 0..n {
-            if i > 0 {
-                text.push(' ');
-            }
-            text.push_str(&format!("w{}", next() % 400));
-        }
-        text.push('\n');
-    }
-    text
+    common::word_lines(seed, lines, (1, 8), 400)
 }
 
 /// The input, output and state paths of one word-count job in a scratch directory.
@@ -126,7 +84,7 @@ struct Exited {
 impl Running {
     fn start(scratch: &Scratch, name: &str, args: &[OsString]) -> Running {
         let (stdout, stderr) = (scratch.path(&format!("{name}.stdout")), scratch.path(&format!("{name}.stderr")));
-        let child = Command::new(BIN)
+        let child = cutline()
             .args(args)
             .stdin(Stdio::null())
             .stdout(File::create(&stdout).expect("log file"))
@@ -179,7 +137,7 @@ fn show(args: &[OsString]) -> String {
 
 /// Run `cutline ARGS` to completion (bounded).
 fn cli<S: AsRef<OsStr>>(args: &[S]) -> Exited {
-    let mut child = Command::new(BIN)
+    let mut child = cutline()
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -247,17 +205,8 @@ fn assert_refused(args: &[OsString], e: &Exited, must_mention: &[&str]) {
 }
 
 /// Poll `f` until it returns `Some`, at most [`WAIT_LIMIT`].
-fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT_LIMIT;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        if Instant::now() > deadline {
-            panic!("timed out after {WAIT_LIMIT:?} waiting for {what}");
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
+fn wait_until<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    common::wait_until(what, WAIT_LIMIT, f)
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -365,7 +314,7 @@ fn part_checkpoint(name: &str) -> Option<u64> {
 #[test]
 fn a_job_stopped_with_a_savepoint_and_resumed_from_it_on_a_new_state_directory_writes_exactly_the_failure_free_output()
 {
-    let scratch = Scratch::new("stop");
+    let scratch = Scratch::new("sp-stop");
     let wc = WordCount::new(&scratch, 1, 12_000);
     let first_state = scratch.path("state-1");
     let mut first = Running::start(
@@ -408,7 +357,7 @@ fn a_job_stopped_with_a_savepoint_and_resumed_from_it_on_a_new_state_directory_w
 
 #[test]
 fn a_savepoint_taken_while_the_job_runs_is_self_contained_outlives_retention_and_restores_into_a_new_run() {
-    let scratch = Scratch::new("running");
+    let scratch = Scratch::new("sp-running");
     let wc = WordCount::new(&scratch, 2, 7_000);
     let mut job = Running::start(
         &scratch,
@@ -494,7 +443,7 @@ fn a_savepoint_taken_while_the_job_runs_is_self_contained_outlives_retention_and
 
 #[test]
 fn tune_changes_the_interval_and_switches_to_unaligned_while_the_job_runs_and_status_shows_it() {
-    let scratch = Scratch::new("tune");
+    let scratch = Scratch::new("sp-tune");
     let wc = WordCount::new(&scratch, 3, 12_000);
     let mut job = Running::start(
         &scratch,
@@ -540,7 +489,7 @@ fn tune_changes_the_interval_and_switches_to_unaligned_while_the_job_runs_and_st
 
 #[test]
 fn bad_tune_values_are_refused_with_the_reason_and_change_nothing() {
-    let scratch = Scratch::new("badtune");
+    let scratch = Scratch::new("sp-badtune");
     let wc = WordCount::new(&scratch, 4, 12_000);
     let mut job = Running::start(
         &scratch,
@@ -576,7 +525,7 @@ fn bad_tune_values_are_refused_with_the_reason_and_change_nothing() {
 
 #[test]
 fn from_savepoint_pointing_at_something_that_is_not_a_savepoint_fails_with_a_clear_error() {
-    let scratch = Scratch::new("notsp");
+    let scratch = Scratch::new("sp-notsp");
     let wc = WordCount::new(&scratch, 5, 100);
     let empty = scratch.path("empty");
     std::fs::create_dir(&empty).unwrap();
@@ -603,7 +552,7 @@ fn from_savepoint_pointing_at_something_that_is_not_a_savepoint_fails_with_a_cle
 
 #[test]
 fn a_second_run_on_the_same_state_directory_is_refused_and_the_first_keeps_its_admin_socket() {
-    let scratch = Scratch::new("second");
+    let scratch = Scratch::new("sp-second");
     let wc = WordCount::new(&scratch, 6, 12_000);
     let paced = ["--checkpoint-interval", "100ms", "--line-delay-us", LINE_DELAY_US];
     let mut first = Running::start(&scratch, "first", &wc.args(&wc.state, &paced));
@@ -629,7 +578,7 @@ fn a_second_run_on_the_same_state_directory_is_refused_and_the_first_keeps_its_a
 
 #[test]
 fn a_savepoint_into_a_directory_that_is_not_empty_is_refused_and_the_job_runs_on() {
-    let scratch = Scratch::new("full");
+    let scratch = Scratch::new("sp-full");
     let wc = WordCount::new(&scratch, 8, 12_000);
     let mut job = Running::start(
         &scratch,
@@ -661,7 +610,7 @@ fn sp_name_id(sp: &Path) -> u64 {
 
 #[test]
 fn status_tune_and_savepoint_without_a_running_job_say_how_to_start_one() {
-    let scratch = Scratch::new("nojob");
+    let scratch = Scratch::new("sp-nojob");
     let state = scratch.path("state");
     for (cmd, extra) in [("status", &[][..]), ("tune", &["--unaligned", "true"][..]), ("savepoint", &["--stop"][..])] {
         let err = cli_refused(cmd, &state, extra, &["no running job answers on", "admin.sock", "cutline run"]);
@@ -672,7 +621,7 @@ fn status_tune_and_savepoint_without_a_running_job_say_how_to_start_one() {
 
 #[test]
 fn an_admin_socket_left_by_a_killed_run_is_replaced_by_the_next_run() {
-    let scratch = Scratch::new("stale");
+    let scratch = Scratch::new("sp-stale");
     let wc = WordCount::new(&scratch, 7, 12_000);
     let paced = ["--checkpoint-interval", "100ms", "--line-delay-us", LINE_DELAY_US];
     let mut first = Running::start(&scratch, "first", &wc.args(&wc.state, &paced));

@@ -2,17 +2,83 @@
 //! coordinator took over, for example after a partition), the old coordinator commits no further
 //! manifest, tells no sink to commit, and stops with an error that says why.
 
-use cutline::GenerationRecord;
+use cutline::{CheckpointId, GenerationRecord, Sink, SinkContext};
 use cutline::{CheckpointStore, Generation, GeneratorSource, Job, LocalDirStore, MemoryTxnSink, MemoryTxnStore};
 use cutline::{RunConfig, RunError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// What a [`Ledger`] sink did: the transactions it prepared and those it committed, each with the
+/// checkpoint that prepared it and its number of records.
+#[derive(Default)]
+struct Book {
+    prepared: Vec<(CheckpointId, usize)>,
+    committed: Vec<(CheckpointId, usize)>,
+}
+
+/// A transactional sink (a [`MemoryTxnSink`]) that keeps a [`Book`] of its transactions, so that a
+/// test can tell which checkpoints' output was committed.
+struct Ledger {
+    inner: MemoryTxnSink,
+    book: Arc<Mutex<Book>>,
+    open: usize,
+}
+
+impl Clone for Ledger {
+    fn clone(&self) -> Self {
+        Ledger { inner: self.inner.clone(), book: self.book.clone(), open: 0 }
+    }
+}
+
+impl Sink<String> for Ledger {
+    type Committable = (CheckpointId, usize, String);
+    fn open(&mut self, ctx: &SinkContext) -> Result<(), String> {
+        Sink::<String>::open(&mut self.inner, ctx)
+    }
+    fn recover(&mut self, to_commit: &[Self::Committable]) -> Result<(), String> {
+        let keys: Vec<String> = to_commit.iter().map(|(_, _, k)| k.clone()).collect();
+        Sink::<String>::recover(&mut self.inner, &keys)?;
+        self.book.lock().unwrap().committed.extend(to_commit.iter().map(|(c, n, _)| (*c, *n)));
+        Ok(())
+    }
+    fn write(&mut self, item: String) -> Result<(), String> {
+        self.open += 1;
+        self.inner.write(item)
+    }
+    fn prepare(&mut self, checkpoint: CheckpointId) -> Result<Option<Self::Committable>, String> {
+        let n = std::mem::take(&mut self.open);
+        let key = Sink::<String>::prepare(&mut self.inner, checkpoint)?;
+        if key.is_some() {
+            self.book.lock().unwrap().prepared.push((checkpoint, n));
+        }
+        Ok(key.map(|k| (checkpoint, n, k)))
+    }
+    fn commit(&mut self, committables: &[Self::Committable]) -> Result<(), String> {
+        let keys: Vec<String> = committables.iter().map(|(_, _, k)| k.clone()).collect();
+        Sink::<String>::commit(&mut self.inner, &keys)?;
+        let mut book = self.book.lock().unwrap();
+        for (c, n, _) in committables {
+            if !book.committed.iter().any(|(d, _)| d == c) {
+                book.committed.push((*c, *n));
+            }
+        }
+        Ok(())
+    }
+    fn abort(&mut self) {
+        self.open = 0;
+        Sink::<String>::abort(&mut self.inner)
+    }
+    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> Result<Option<bool>, String> {
+        Sink::<String>::committed_after(&mut self.inner, checkpoint)
+    }
+}
 
 #[test]
 fn a_coordinator_superseded_by_a_newer_generation_stops_without_committing_more() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(LocalDirStore::open(dir.path()).unwrap());
     let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let book = Arc::new(Mutex::new(Book::default()));
     let job = Job::new("fenced");
     job.source("numbers", GeneratorSource::new(2_000_000, |i| i % 7))
         .map(|k: u64| {
@@ -21,7 +87,7 @@ fn a_coordinator_superseded_by_a_newer_generation_stops_without_committing_more(
         })
         .key_by(|k: &u64| *k)
         .aggregate("count", || 0u64, |c, _k| *c += 1, |k, c| format!("{k}:{c}"))
-        .sink("out", MemoryTxnSink::new(out.clone()));
+        .sink("out", Ledger { inner: MemoryTxnSink::new(out.clone()), book: book.clone(), open: 0 });
     let mut cfg = RunConfig::new(store.clone(), "fenced-v1");
     cfg.checkpoint.interval_ms = Some(10);
     cfg.batch_size = 64;
@@ -50,13 +116,27 @@ fn a_coordinator_superseded_by_a_newer_generation_stops_without_committing_more(
     assert!(err.to_string().contains("newer coordinator"), "{err}");
     // Nothing the old generation completed after the takeover counts.
     assert_eq!(store.latest_complete().unwrap(), restored, "a fenced manifest must never be the latest complete");
-    // Its sinks committed at most what the checkpoint in flight at the takeover had already been
-    // told (the manifest committed before the newer record appeared): no commit after the stop.
+    // Its sinks committed at most what was in flight at the takeover: the output of checkpoints up
+    // to the latest complete one then (whose manifest was committed before the newer record
+    // appeared, and whose commit may have reached the sinks only after it), never a later one's.
     let committed_after = out.lock().unwrap().committed_records().len();
-    let c_then = committed_then;
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(out.lock().unwrap().committed_records().len(), committed_after, "commits after the job stopped");
-    assert!(committed_after >= c_then);
+    let restored = restored.expect("checkpoints completed before the takeover");
+    let book = book.lock().unwrap();
+    let late: Vec<CheckpointId> = book.committed.iter().map(|(c, _)| *c).filter(|c| *c > restored).collect();
+    assert!(late.is_empty(), "the superseded coordinator committed output of {late:?}, after {restored}");
+    let in_flight: usize = book.prepared.iter().filter(|(c, _)| *c <= restored).map(|(_, n)| n).sum();
+    assert!(
+        committed_after <= in_flight,
+        "{committed_after} records committed, more than the {in_flight} prepared up to {restored} (the takeover)"
+    );
+    assert!(committed_after >= committed_then, "committed output disappeared");
+    let prepared_later: usize = book.prepared.iter().filter(|(c, _)| *c > restored).map(|(_, n)| n).sum();
+    eprintln!(
+        "takeover at {restored}: {committed_then} records committed then, {committed_after} after the stop, at most \
+         {in_flight} in flight; {prepared_later} prepared by later checkpoints and never committed"
+    );
 }
 
 /// Guards against: an older coordinator completed checkpoint c after a new one listed the

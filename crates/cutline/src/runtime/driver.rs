@@ -283,8 +283,10 @@ pub(crate) fn carry_out(
                         s.slowest_task.and_then(|t| stats.task_names.get(t.0 as usize).cloned()).unwrap_or_default();
                     tracing::info!(
                         event = "checkpoint_complete",
+                        gen = %ctx.generation,
                         chk = %sum.checkpoint,
                         savepoint = sum.is_savepoint,
+                        is_final = sum.is_final,
                         duration_ms = sum.duration_ms,
                         bytes = sum.bytes,
                         in_flight_bytes = sum.channel_state_bytes,
@@ -326,7 +328,12 @@ pub(crate) fn carry_out(
                         }
                         other => other.to_string(),
                     };
-                    tracing::warn!(event = "checkpoint_failed", chk = %checkpoint, "checkpoint {checkpoint} failed: {readable}");
+                    tracing::warn!(
+                        event = "checkpoint_failed",
+                        chk = %checkpoint,
+                        reason = %readable,
+                        "checkpoint {checkpoint} failed: {readable}"
+                    );
                     if ctx.stats.failed.len() == FAILED_CHECKPOINTS_KEPT {
                         ctx.stats.failed.remove(0);
                     }

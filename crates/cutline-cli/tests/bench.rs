@@ -1,0 +1,135 @@
+//! `cutline bench` prints a rate only for work it checked was done: its sink counted one update per
+//! requested event, and the keyed state it saw adds up to the events (see `src/tally.rs`). Its
+//! checkpoint statistics are the median and the maximum (with a handful of checkpoints a high
+//! percentile is the maximum, so it is called that).
+
+mod common;
+
+use cutline_cli::tally::{expected_value_sum, read_tallies, BenchTally};
+use std::collections::BTreeMap;
+
+/// Run `cutline bench ARGS`; its `key=value` line, or the failure.
+fn bench(args: &[&str]) -> Result<BTreeMap<String, String>, String> {
+    let out = common::cutline().arg("bench").args(args).output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        return Err(format!("cutline bench {args:?} failed ({}): {stdout}{stderr}", out.status));
+    }
+    let line = stdout.lines().find(|l| l.starts_with("events=")).ok_or_else(|| format!("no result line: {stdout}"))?;
+    Ok(line.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect())
+}
+
+fn num(r: &BTreeMap<String, String>, k: &str) -> u64 {
+    r.get(k).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no number {k} in {r:?}"))
+}
+
+/// What every run must show: the work checked, and statistics named for what they are.
+fn assert_checked(r: &BTreeMap<String, String>, events: u64, verified: &str) {
+    assert_eq!(num(r, "sink_records"), events, "{r:?}");
+    assert_eq!(r.get("verified").map(String::as_str), Some(verified), "{r:?}");
+    if verified == "sink+state" {
+        assert_eq!(num(r, "state_count"), events, "{r:?}");
+    }
+    for k in ["duration", "alignment", "start_delay"] {
+        assert!(num(r, &format!("{k}_max_ms")) >= num(r, &format!("{k}_p50_ms")), "{k}: {r:?}");
+    }
+    assert!(!r.keys().any(|k| k.contains("p99")), "a p99 of a handful of checkpoints is the max: {r:?}");
+    assert!(num(r, "events_per_s") > 0, "{r:?}");
+}
+
+#[test]
+fn the_keyed_benchmark_in_one_process_checks_its_sink_and_state_before_it_prints_a_rate() {
+    let r = bench(&["--events", "300000", "--keys", "1000", "--parallelism", "2", "--checkpoint-interval", "20ms"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_checked(&r, 300_000, "sink+state");
+    let r =
+        bench(&["--events", "20000", "--keys", "50", "--checkpoint-interval", "off"]).unwrap_or_else(|e| panic!("{e}"));
+    assert_checked(&r, 20_000, "sink+state");
+    assert_eq!(num(&r, "checkpoints"), 0, "{r:?}");
+}
+
+#[test]
+fn the_keyed_benchmark_on_two_worker_processes_checks_what_their_sinks_committed() {
+    let r = bench(&[
+        "--events",
+        "300000",
+        "--keys",
+        "1000",
+        "--parallelism",
+        "2",
+        "--checkpoint-interval",
+        "20ms",
+        "--workers",
+        "2",
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_checked(&r, 300_000, "sink+state");
+}
+
+#[test]
+fn after_a_killed_worker_the_benchmark_still_counts_every_update_exactly_once() {
+    let events = 6_000_000;
+    let r = bench(&[
+        "--events",
+        &events.to_string(),
+        "--keys",
+        "100000",
+        "--parallelism",
+        "2",
+        "--checkpoint-interval",
+        "100ms",
+        "--workers",
+        "2",
+        "--kill-worker-after",
+        "300ms",
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(num(&r, "restarts") >= 1, "{r:?}");
+    // Sinks restored from a checkpoint start their per-key tables over: only the updates are checked,
+    // and the line says so. (A restart before the first checkpoint starts from scratch, and the
+    // state is checked as in a run without failures.)
+    match r.get("verified").map(String::as_str) {
+        Some("sink") => {
+            assert_checked(&r, events, "sink");
+            assert_eq!(r.get("state_count").map(String::as_str), Some("unknown"), "{r:?}");
+        }
+        _ => assert_checked(&r, events, "sink+state"),
+    }
+}
+
+#[test]
+fn a_tally_that_disagrees_with_the_events_is_refused() {
+    let events = 10_000;
+    let good = BenchTally {
+        subtasks: 2,
+        records: events,
+        state_count: events,
+        state_sum: expected_value_sum(events),
+        state_complete: true,
+    };
+    assert_eq!(good.check(events, 2), Ok(()));
+    let bad = [
+        ("a subtask missing", BenchTally { subtasks: 1, ..good.clone() }, "sink subtasks"),
+        ("a lost batch", BenchTally { records: events - 64, ..good.clone() }, "updates"),
+        ("a duplicate", BenchTally { records: events + 1, ..good.clone() }, "updates"),
+        ("a count off", BenchTally { state_count: events - 1, ..good.clone() }, "counts"),
+        ("a sum off", BenchTally { state_sum: good.state_sum + 7, ..good.clone() }, "sums"),
+    ];
+    for (what, t, says) in bad {
+        let e = t.check(events, 2).expect_err(what);
+        assert!(e.contains(says), "{what}: {e}");
+    }
+    // After a restore only the updates are checked.
+    let restored = BenchTally { state_count: 1, state_sum: 2, state_complete: false, ..good.clone() };
+    assert_eq!(restored.check(events, 2), Ok(()));
+
+    // The tally files: the latest of each subtask counts; garbage is an error, not a zero.
+    let s = common::Scratch::new("tally");
+    s.write("tally-00000-00000000000000000003", "100 40 900 true\n");
+    s.write("tally-00000-00000000000000000007", "250 250 9000 true\n");
+    s.write("tally-00001-00000000000000000007", "150 150 1000 false\n");
+    let t = read_tallies(&s.dir).unwrap();
+    assert_eq!(t, BenchTally { subtasks: 2, records: 400, state_count: 400, state_sum: 10_000, state_complete: false });
+    s.write("tally-00002-00000000000000000001", "12 twelve 0 true\n");
+    assert!(read_tallies(&s.dir).expect_err("malformed").contains("malformed"));
+}
