@@ -1,20 +1,25 @@
 //! [`FaultyStore`]: wraps a store and fails chosen write-like operations on purpose, for failure drills
-//! and simulations. It owns only the decision to fail; reads always pass through, and it never
-//! corrupts data (use [`crate::MemStore::corrupt`] for that).
+//! and simulations. It owns only the decision to fail; reads (and `release_generation` and `lock`)
+//! always pass through, and it never corrupts data (use [`crate::MemStore::corrupt`] for that).
 
 use crate::error::StorageError;
 use crate::manifest::{GenerationRecord, JobMeta, Manifest, TaskStateHandle};
 use crate::store::{CheckpointListing, CheckpointStore, GcReport};
 use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};
 
-/// A write-like operation the fault policy is asked about.
+/// A write-like operation the fault policy is asked about: which call, and of which checkpoint or
+/// generation. Its `Debug` text is the text of the resulting [`StorageError::Injected`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StoreOp {
+    /// Asked before a task state file is written
+    /// ([`CheckpointStore::write_task_state`]): `true` fails the write and nothing is written.
     WriteTaskState {
+        /// The checkpoint the state belongs to.
         checkpoint: CheckpointId,
     },
     /// Asked before the manifest is written: `true` fails the commit and nothing is written.
     CommitManifest {
+        /// The checkpoint being committed.
         checkpoint: CheckpointId,
     },
     /// Asked only after the manifest was durably committed: `true` reports a failure although the
@@ -22,40 +27,52 @@ pub enum StoreOp {
     /// it is in; only the store knows (list, read the manifest, or retry and get
     /// [`StorageError::ManifestExists`]).
     CommitManifestAfterWrite {
+        /// The checkpoint just committed.
         checkpoint: CheckpointId,
     },
+    /// Asked before [`CheckpointStore::discard`]: `true` fails it and nothing is removed.
     Discard {
+        /// The attempt to be discarded.
         checkpoint: CheckpointId,
     },
+    /// Asked before [`CheckpointStore::write_meta`]: `true` fails it and `job.meta` is unchanged.
     WriteMeta,
+    /// Asked before [`CheckpointStore::mark_finished`]: `true` fails it and no marker is written.
     MarkFinished,
+    /// Asked before [`CheckpointStore::gc`]: `true` fails the whole pass and nothing is removed.
     Gc,
     /// Asked before the generation record is created: `true` fails the claim and nothing is written.
     ClaimGeneration {
+        /// The generation being claimed.
         generation: Generation,
     },
     /// Asked only after the generation record was created: `true` reports a failure although the
     /// generation IS claimed (a lost reply); claiming it again then meets
     /// [`StorageError::GenerationTaken`].
     ClaimGenerationAfterWrite {
+        /// The generation just claimed.
         generation: Generation,
     },
 }
 
-/// Decides, per operation, whether it fails. Called once per write-like call (twice for a commit or a
-/// claim).
+/// Decides, per operation, whether it fails (`true`: fail). Called once per write-like call (twice for
+/// a commit or a claim: before and after the write); never for reads, `release_generation` or `lock`.
+/// It may keep state (counters, a schedule) behind interior mutability: it is called from whichever
+/// thread calls the store.
 pub type FaultPolicy = Box<dyn Fn(StoreOp) -> bool + Send + Sync>;
 
 /// A store that forwards to `S` unless its policy says an operation fails, in which case the operation
 /// returns [`StorageError::Injected`] and does nothing (except for
 /// [`StoreOp::CommitManifestAfterWrite`] and [`StoreOp::ClaimGenerationAfterWrite`], which fail after
-/// doing everything). Reads, `check_not_fenced` included, always pass through.
+/// doing everything). Reads, `check_not_fenced` included, always pass through, and so do
+/// `release_generation` and `lock`. `describe` appends ` (with injected faults)`.
 pub struct FaultyStore<S: CheckpointStore> {
     inner: S,
     policy: FaultPolicy,
 }
 
 impl<S: CheckpointStore> FaultyStore<S> {
+    /// Wraps `inner`; `policy` is asked about every write-like operation (see [`FaultPolicy`]).
     pub fn new(inner: S, policy: impl Fn(StoreOp) -> bool + Send + Sync + 'static) -> Self {
         FaultyStore { inner, policy: Box::new(policy) }
     }
@@ -65,6 +82,7 @@ impl<S: CheckpointStore> FaultyStore<S> {
         &self.inner
     }
 
+    /// Unwraps the store, dropping the policy: to go on with the same data and no injected faults.
     pub fn into_inner(self) -> S {
         self.inner
     }

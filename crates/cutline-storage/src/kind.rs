@@ -4,15 +4,23 @@
 
 use std::fmt;
 
-/// What a file holds. Closed: a reader rejects a kind it does not expect.
+/// What a file holds, as the `kind` field of its frame numbers it. Closed: a reader rejects a kind it
+/// does not expect ([`crate::StorageError::WrongKind`]). The numbers are on disk: never renumber them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u16)]
 pub enum FileKind {
+    /// The snapshot of one subtask of one operator: an opaque payload, written by
+    /// [`crate::CheckpointStore::write_task_state`] and referenced by a [`crate::TaskStateHandle`].
     TaskState = 1,
+    /// A [`crate::Manifest`]: the commit record of one checkpoint (`_MANIFEST` in its directory).
     Manifest = 2,
+    /// The [`crate::JobMeta`] of the job (`job.meta` at the store root).
     JobMeta = 3,
+    /// The finished marker (`FINISHED` at the store root): the id of the end-of-input checkpoint the
+    /// job finished with, written by [`crate::CheckpointStore::mark_finished`].
     Finished = 4,
-    /// A [`crate::GenerationRecord`]: which coordinator started a generation, and from where.
+    /// A [`crate::GenerationRecord`] (`generations/gen-<generation>`): which coordinator started a
+    /// generation, and from where.
     GenerationRecord = 5,
 }
 

@@ -9,6 +9,8 @@
 //!   cargo feature `s3`, also by `S3Store` (a bucket of any S3-compatible object store).
 //! - [`Manifest`], [`TaskStateHandle`], [`JobMeta`], [`GenerationRecord`]: the records kept.
 
+#![warn(missing_docs)]
+
 mod error;
 mod faulty;
 pub mod format;

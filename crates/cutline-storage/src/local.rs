@@ -1,7 +1,8 @@
 //! [`LocalDirStore`]: a checkpoint store in a local directory, with durable writes (temporary file,
 //! fsync, atomic rename, fsync of the directory). It owns only the file-system primitives; the
-//! checkpoint semantics come from [`crate::store`]. It does not lock the directory against other
-//! processes: one job owns one store.
+//! checkpoint semantics come from [`crate::store`]. It locks the directory against a second run only
+//! when asked ([`crate::CheckpointStore::lock`], an advisory `flock` of `<root>/LOCK`): the other
+//! operations do not check the lock.
 
 use crate::error::StorageError;
 use crate::store::layout::{temp_name, CHECKPOINTS_DIR};
@@ -10,15 +11,22 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 
-/// A checkpoint store rooted at a local directory.
+/// A checkpoint store rooted at a local directory (see [`CheckpointStore`](crate::CheckpointStore)
+/// for its layout). Every write is durable when it returns: written to a temporary file, fsynced,
+/// renamed (a manifest or generation record: hard-linked, so that it is never replaced) and its
+/// directory fsynced. [`CheckpointStore::lock`](crate::CheckpointStore::lock) takes an advisory
+/// `flock` of `<root>/LOCK`; the other operations do not check it, so a run takes the lock first.
+/// I/O failures are [`StorageError::Io`], transient only when interrupted or timed out.
 #[derive(Debug)]
 pub struct LocalDirStore {
     root: PathBuf,
 }
 
 impl LocalDirStore {
-    /// Opens the store at `root`, creating the directory (and `checkpoints/`) if absent. Fails if
-    /// `root` is not a directory or not writable.
+    /// Opens the store at `root`, creating the directory (and `checkpoints/`) if absent, and checks
+    /// that it is writable by creating and removing a probe file. [`StorageError::InvalidRoot`] if
+    /// `root` is not a directory, cannot be created or is not writable. It does not lock the store.
+    /// To look at a store without changing anything, use [`LocalDirStore::open_existing`].
     pub fn open(root: impl AsRef<Path>) -> Result<LocalDirStore, StorageError> {
         let root = root.as_ref().to_path_buf();
         let invalid = |reason: String| StorageError::InvalidRoot { path: root.clone(), reason };
@@ -40,7 +48,9 @@ impl LocalDirStore {
         Ok(LocalDirStore { root })
     }
 
-    /// Open an existing store for reading (listing, verifying) without creating or writing anything.
+    /// Opens an existing store for reading (listing, verifying) without creating or writing anything.
+    /// [`StorageError::InvalidRoot`] if `root` is missing or not a directory. Nothing checks that it
+    /// is writable: writes through it can fail later with [`StorageError::Io`].
     pub fn open_existing(root: impl AsRef<Path>) -> Result<LocalDirStore, StorageError> {
         let root = root.as_ref().to_path_buf();
         match fs::metadata(&root) {

@@ -9,7 +9,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
-/// An in-memory checkpoint store: path -> bytes.
+/// An in-memory checkpoint store (path -> bytes) with the semantics of every other store, for
+/// deterministic simulations and tests. Writes are atomic and "durable" at once; nothing survives
+/// the value. Share it between threads behind an `Arc`. Its `raw_*` methods and
+/// [`MemStore::corrupt`] bypass the store semantics to stage damage and leftovers.
 #[derive(Debug, Default)]
 pub struct MemStore {
     files: Mutex<BTreeMap<String, Vec<u8>>>,
@@ -27,6 +30,7 @@ impl Drop for MemLock {
 }
 
 impl MemStore {
+    /// An empty store.
     pub fn new() -> MemStore {
         MemStore::default()
     }

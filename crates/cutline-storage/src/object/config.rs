@@ -6,26 +6,35 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// How [`S3Store`](super::S3Store) retries transient failures, and how long one request may take.
+/// Checked by [`S3Store::open`](super::S3Store::open) (`attempts >= 1`,
+/// `initial_backoff <= max_backoff`, both timeouts above zero).
 ///
-/// The worst case of one operation is `attempts` requests of at most `request_timeout` each plus the
-/// sleeps between them, each at most `max_backoff`.
+/// The worst case of one request (one GET, HEAD, PUT, LIST or DELETE) is `attempts` tries of at most
+/// `request_timeout` each, plus the sleeps between them, each at most `max_backoff`. A conditional
+/// create (a manifest commit, a generation claim) that keeps meeting concurrent deletes is repeated,
+/// with a read each time, up to `attempts` times. A store operation such as
+/// [`CheckpointStore::verify`](crate::CheckpointStore::verify) makes many requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetryLimits {
     /// Requests sent for one operation, the first included (at least 1; 1 = no retry).
     pub attempts: u32,
-    /// The sleep after the first failure; it doubles after each further failure...
+    /// The backoff after the first failure; it doubles after each further failure...
     pub initial_backoff: Duration,
-    /// ...up to this. Each sleep is drawn between half of it and all of it (jitter).
+    /// ...up to this. Each sleep is drawn between half of the current backoff and all of it
+    /// (jitter), so that clients failing together do not retry together.
     pub max_backoff: Duration,
-    /// The limit of one request, from sending it to the end of the answer.
+    /// The limit of one try of a request, from sending it to the end of the answer; a try that
+    /// exceeds it fails as a (transient) timeout.
     pub request_timeout: Duration,
-    /// The limit of connecting to the endpoint.
+    /// The limit of connecting to the endpoint, within `request_timeout`.
     pub connect_timeout: Duration,
 }
 
 impl Default for RetryLimits {
-    /// 6 attempts, 100 ms doubling to at most 5 s (at most about 11 s of sleeps), 60 s per
-    /// request, 5 s to connect.
+    /// 6 attempts, 100 ms doubling to at most 5 s (5 sleeps of at most 0.1, 0.2, 0.4, 0.8 and
+    /// 1.6 s: at most 3.1 s of sleeps per request), 60 s per try, 5 s to connect. Worst case of one
+    /// request: 6 × 60 s + 3.1 s, about 6 minutes; an endpoint that cannot be connected to fails within
+    /// 6 × 5 s + 3.1 s.
     fn default() -> Self {
         RetryLimits {
             attempts: 6,
@@ -38,22 +47,33 @@ impl Default for RetryLimits {
 }
 
 /// Where an [`S3Store`](super::S3Store) lives and how to reach it. Build it by hand or with
-/// [`S3Config::from_env`].
+/// [`S3Config::from_env`]; [`S3Store::open`](super::S3Store::open) checks it.
 #[derive(Clone)]
 pub struct S3Config {
     /// The server, e.g. `http://127.0.0.1:9000`; `None` for AWS S3 itself (in `region`). Requests
     /// are path-style (`endpoint/bucket/key`).
     pub endpoint: Option<String>,
+    /// The bucket; it must exist ([`S3Store::open`](super::S3Store::open) does not create it) and be
+    /// a valid S3 bucket name (3 to 63 lowercase letters, digits, `.` and `-`, starting and ending
+    /// with a letter or digit).
     pub bucket: String,
-    /// The store's root inside the bucket, '/'-separated, without leading or trailing '/'; `""` for
-    /// the whole bucket. Two stores with different prefixes never see each other's objects.
+    /// The store's root inside the bucket, '/'-separated (leading and trailing '/' are ignored; no
+    /// empty, `.` or `..` parts); `""` for the whole bucket. Two stores with different prefixes never
+    /// see each other's objects.
     pub prefix: String,
+    /// The region requests are signed for, e.g. `us-east-1`; must not be empty (most test servers
+    /// accept any value).
     pub region: String,
+    /// The access key id of the credentials; must not be empty.
     pub access_key_id: String,
+    /// The secret of `access_key_id`; must not be empty. Redacted in `Debug`.
     pub secret_access_key: String,
+    /// The session token of temporary credentials, if they are such. Redacted in `Debug`.
     pub session_token: Option<String>,
     /// Whether a plain `http://` endpoint is allowed (test servers); otherwise only `https://`.
     pub allow_http: bool,
+    /// How requests are retried and timed out ([`RetryLimits::default`] from
+    /// [`S3Config::from_env`]).
     pub retry: RetryLimits,
 }
 

@@ -60,7 +60,26 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig};
 use std::path::PathBuf;
 
-/// A checkpoint store in a bucket of an S3-compatible object store. See the module documentation.
+/// A checkpoint store in a bucket of an S3-compatible object store (AWS S3, MinIO, moto, ...), under
+/// a prefix; only with the cargo feature `s3`. Same layout and semantics as every
+/// [`CheckpointStore`](crate::CheckpointStore); what differs:
+///
+/// - Writes: manifests and generation records are created with a conditional PUT
+///   (`If-None-Match: *`), so of two writers exactly one wins ([`S3Store::open`] refuses a server
+///   that ignores the condition); every other file is one plain PUT, visible whole or not at all.
+///   One task state is therefore at most 5 GiB (S3's limit of one PUT).
+/// - Failures: connection errors, timeouts and 5xx/429/408 answers are retried with exponential
+///   backoff and jitter within [`RetryLimits`] ([`S3Config::retry`]), then reported as
+///   [`StorageError::Remote`] with `transient: true`; refusals (401/403, a missing bucket, other 4xx)
+///   are reported at once and are not transient. Every call blocks its thread until it succeeds or
+///   fails for good.
+/// - No locking: [`CheckpointStore::lock`](crate::CheckpointStore::lock) hands out a guard that holds
+///   nothing (an object store has no `flock`, and a lock object would outlive a crashed holder).
+///   Only create-if-absent manifests and the fencing of generation records keep two runs on one
+///   prefix from corrupting each other: give each job its own prefix ([`S3Config::with_prefix`]).
+/// - Threads: it drives the async `object_store` client on a private current-thread tokio runtime.
+///   Calling it from inside a tokio runtime panics (tokio refuses nested `block_on`): call it from
+///   threads that run no async code.
 pub struct S3Store {
     store: AmazonS3,
     runtime: tokio::runtime::Runtime,
@@ -78,13 +97,18 @@ impl std::fmt::Debug for S3Store {
 }
 
 impl S3Store {
-    /// Opens the store described by `config`. Checks the configuration (an
+    /// Opens the store described by `config`. Checks the configuration (a
     /// [`StorageError::InvalidRoot`] saying what is wrong), then with requests that the bucket
     /// exists and that the credentials may list, create and delete objects under the prefix, and
     /// that the server honours conditional creates (without them a manifest could be replaced).
     /// It writes, conditionally re-creates (which must be refused) and removes one probe object,
     /// `<prefix>/.open-probe.<pid>-<n>.tmp` (a temporary name: listings ignore it, gc removes it if a
     /// crash left it).
+    ///
+    /// [`StorageError::InvalidRoot`] for an invalid configuration, a missing bucket or a server that
+    /// ignores conditional writes; [`StorageError::Remote`] if the server cannot be reached (after the
+    /// retries of `config.retry`) or refuses the credentials. Panics if called from inside a tokio
+    /// runtime (see [`S3Store`]).
     pub fn open(config: S3Config) -> Result<S3Store, StorageError> {
         let location = config.location();
         let invalid = |reason: String| StorageError::InvalidRoot { path: PathBuf::from(&location), reason };
@@ -157,7 +181,7 @@ impl S3Store {
         }
     }
 
-    /// The retry limits in force.
+    /// The retry limits in force ([`S3Config::retry`] of the configuration it was opened with).
     pub fn retry_limits(&self) -> RetryLimits {
         self.retry
     }
