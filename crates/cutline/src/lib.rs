@@ -57,7 +57,7 @@ pub use cutline_storage::{CheckpointStore, GenerationRecord, LocalDirStore, Mani
 pub use dataflow::{
     ConnectedStreams, EdgeKind, Either, GraphError, Job, JobGraph, KeyedStream, Output, Stream, DEFAULT_BATCH_SIZE,
 };
-pub use error::TaskError;
+pub use error::{is_permanent, Permanent, TaskError, PERMANENT_MARK};
 pub use fault::{FaultPoint, Faults};
 pub use runtime::{
     run, spawn, CheckpointSummary, FailedCheckpoint, JobControl, JobHandle, JobMetrics, JobReport, RunConfig, RunError,
