@@ -271,6 +271,20 @@ fn the_same_failure_at_the_same_input_ends_the_run_before_the_strategy_gives_up(
 }
 
 #[test]
+fn without_a_repeat_limit_the_strategy_alone_decides() {
+    let mut l = running(RestartStrategy::FixedDelay { delay_ms: 1, max_attempts: 100 }).with_repeat_limit(None);
+    for round in 0..3 * MAX_REPEATED_FAILURES as u64 {
+        let step = failed_over(&mut l, 10 * round, "crashed by the simulation");
+        assert!(matches!(step, Step::Wait { .. }), "round {round}: {step:?}");
+        l.next::<&str>(TimeMs(10 * round + 1), Ev::Waited);
+        l.next::<&str>(TimeMs(10 * round + 1), Ev::MetaWritten);
+        l.next(TimeMs(10 * round + 2), restored(None, None));
+        l.next::<&str>(TimeMs(10 * round + 2), Ev::Claimed { newest_manifest_now: None });
+        l.next::<&str>(TimeMs(10 * round + 3), Ev::Deployed);
+    }
+}
+
+#[test]
 fn failures_that_differ_or_make_progress_are_left_to_the_strategy() {
     let mut l = running(RestartStrategy::FixedDelay { delay_ms: 1, max_attempts: 100 });
     for round in 0..2 * MAX_REPEATED_FAILURES as u64 {

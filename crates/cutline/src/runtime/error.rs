@@ -1,7 +1,6 @@
 //! [`RunError`]: why a run did not finish.
 
 use crate::error::TaskError;
-use cutline_core::lifecycle::MAX_REPEATED_FAILURES;
 use cutline_core::CheckpointId;
 use cutline_storage::StorageError;
 
@@ -23,8 +22,7 @@ pub enum RunError {
     #[error("cannot restore checkpoint {checkpoint}: {reason}")]
     Restore { checkpoint: CheckpointId, reason: String },
     #[error(
-        "the job failed and {} after {attempts} restart(s); last failure: {last}{}",
-        if *repeated >= MAX_REPEATED_FAILURES { "is not restarted again" } else { "the restart strategy gave up" },
+        "the job failed and is not restarted again after {attempts} restart(s); last failure: {last}{}",
         repeats(*repeated, *restored)
     )]
     GaveUp {
@@ -67,6 +65,6 @@ fn repeats(repeated: u32, restored: Option<CheckpointId>) -> String {
     }
     let from = restored.map(|c| format!("checkpoint {c}")).unwrap_or_else(|| "the start of the input".into());
     format!(
-        " (the same failure {repeated} times in a row, each time after restoring {from}: it repeats at the same input, so restarting does not help (a run stops after {MAX_REPEATED_FAILURES} such failures); fix the job or its input, or use a restart strategy that gives up sooner, e.g. RestartStrategy::FailureRate)"
+        " (the same failure {repeated} times in a row, each time after restoring {from}: it repeats at the same input, so restarting does not help; fix the job or its input, or use a restart strategy that gives up sooner, e.g. RestartStrategy::FailureRate)"
     )
 }
