@@ -1266,7 +1266,10 @@ fn max_concurrent_is_bounded_regression_tune_accepted_4294967296() {
     for n in [0, MAX_CONCURRENT_CHECKPOINTS + 1, 1 << 32] {
         let cfg = CheckpointConfig { max_concurrent: n, ..Default::default() };
         let err = cfg.validate().expect_err("out of range");
-        assert_eq!(err, format!("max concurrent checkpoints must be 1 to {MAX_CONCURRENT_CHECKPOINTS}, not {n}"));
+        assert_eq!(
+            err,
+            format!("max concurrent checkpoints must be at least 1 and at most {MAX_CONCURRENT_CHECKPOINTS}, not {n}")
+        );
     }
     for n in [1, MAX_CONCURRENT_CHECKPOINTS] {
         assert_eq!(CheckpointConfig { max_concurrent: n, ..Default::default() }.validate(), Ok(()));

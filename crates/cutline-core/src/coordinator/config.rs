@@ -22,7 +22,7 @@ pub fn check_max_concurrent(n: usize) -> Result<(), String> {
     if (1..=MAX_CONCURRENT_CHECKPOINTS).contains(&n) {
         Ok(())
     } else {
-        Err(format!("max concurrent checkpoints must be 1 to {MAX_CONCURRENT_CHECKPOINTS}, not {n}"))
+        Err(format!("max concurrent checkpoints must be at least 1 and at most {MAX_CONCURRENT_CHECKPOINTS}, not {n}"))
     }
 }
 

@@ -4,7 +4,7 @@
 use super::status::format_status;
 use crate::runtime::JobControl;
 use cutline_core::barrier::CheckpointMode;
-use cutline_core::coordinator::{check_max_concurrent, CheckpointConfig};
+use cutline_core::coordinator::CheckpointConfig;
 use std::path::PathBuf;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,11 +97,9 @@ pub fn parse_setting(key: &str, value: &str) -> Result<Setting, String> {
         "interval" => Setting::Interval(parse_optional_duration_ms(value).map_err(bad)?),
         "timeout" => Setting::Timeout(parse_duration_ms(value).map_err(bad)?),
         "min-pause" => Setting::MinPause(parse_duration_ms(value).map_err(bad)?),
-        "max-concurrent" => {
-            let n = parse_count(value).map_err(bad)?;
-            check_max_concurrent(n).map_err(bad)?;
-            Setting::MaxConcurrent(n)
-        }
+        // The range is the job's to check (CheckpointConfig::validate), with the message the CLI's
+        // --max-concurrent gives.
+        "max-concurrent" => Setting::MaxConcurrent(parse_count(value).map_err(bad)?),
         "tolerable-failures" => Setting::TolerableFailures(parse_count(value).map_err(bad)?),
         "mode" => Setting::Mode(value.parse().map_err(bad)?),
         "unaligned" => Setting::Unaligned(parse_bool(value).map_err(bad)?),
