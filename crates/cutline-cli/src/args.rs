@@ -185,7 +185,7 @@ pub(crate) struct CheckpointTuning {
     /// A checkpoint not complete this long after its trigger is aborted.
     #[arg(long, default_value = "60s")]
     pub(crate) checkpoint_timeout: String,
-    /// Checkpoints in flight at once.
+    /// Checkpoints in flight at once, 1 to 16 (concurrent ones are triggered at least 50 ms apart).
     #[arg(long, default_value_t = 1)]
     pub(crate) max_concurrent: usize,
     /// Unaligned exactly-once checkpoints: barriers overtake queued records, which are stored with the
@@ -207,6 +207,7 @@ impl CheckpointTuning {
         let flag = |name: &str, e: String| anyhow::anyhow!("--{name}: {e}");
         cfg.timeout_ms = admin::parse_duration_ms(&self.checkpoint_timeout)
             .map_err(|e| flag("checkpoint-timeout", format!("bad duration {:?}: {e}", self.checkpoint_timeout)))?;
+        cutline_core::coordinator::check_max_concurrent(self.max_concurrent).map_err(|e| flag("max-concurrent", e))?;
         cfg.max_concurrent = self.max_concurrent;
         cfg.unaligned = self.unaligned;
         cfg.alignment_timeout_ms = admin::parse_optional_duration_ms(&self.alignment_timeout)
@@ -229,7 +230,7 @@ pub(crate) struct TuneArgs {
     /// Minimum pause between the end of one checkpoint and the next trigger (e.g. 0, 100ms).
     #[arg(long)]
     pub(crate) min_pause: Option<String>,
-    /// Checkpoints in flight at once.
+    /// Checkpoints in flight at once, 1 to 16.
     #[arg(long)]
     pub(crate) max_concurrent: Option<String>,
     /// Consecutive failed checkpoints tolerated before the job fails over.

@@ -89,10 +89,25 @@ pub(crate) fn launch_cluster(workers: usize, job: &[String], verbose: bool) -> R
             .context("cannot start a worker")
     };
     eprintln!("cutline: local cluster: coordinator on {addr}, {workers} worker(s), secret in {secret_s}");
+    // SIGTERM and SIGINT go to the coordinator, which stops the job cleanly; nothing is restarted
+    // after one.
+    let signals = crate::signals::Forwarder::install()?;
+    let mut forwarded = 0;
     let mut coord: Child = start_coord()?;
     let mut ws: Vec<Child> = (0..workers).map(|_| start_worker()).collect::<Result<_>>()?;
     let status = loop {
         std::thread::sleep(std::time::Duration::from_millis(100));
+        if let Some((sig, n)) = signals.received() {
+            // Every signal is passed on (a second one makes the coordinator exit at once).
+            while forwarded < n {
+                crate::signals::forward(coord.id(), sig);
+                forwarded += 1;
+            }
+            match coord.try_wait()? {
+                Some(st) => break st,
+                None => continue,
+            }
+        }
         if let Some(st) = coord.try_wait()? {
             use std::os::unix::process::ExitStatusExt;
             if st.signal().is_some() {
@@ -114,14 +129,28 @@ pub(crate) fn launch_cluster(workers: usize, job: &[String], verbose: bool) -> R
             }
         }
     };
-    // The coordinator told its workers the job is over; give them a moment, then make sure.
+    // The coordinator told its workers the job is over; give them a moment, then make sure (after a
+    // signal, the workers are told by it too).
+    let stopped_by = signals.received().map(|(sig, _)| sig);
     let deadline = Instant::now() + std::time::Duration::from_secs(5);
     for w in ws.iter_mut() {
         while w.try_wait()?.is_none() && Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+        if let (Some(sig), Ok(None)) = (stopped_by, w.try_wait()) {
+            crate::signals::forward(w.id(), sig);
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
         let _ = w.kill();
         let _ = w.wait();
+    }
+    if let Some(sig) = stopped_by {
+        return Err(sig
+            .stopped(format!(
+                "stopped by {}: the coordinator stopped ({status}); run the same command again to resume from the latest checkpoint",
+                sig.name()
+            ))
+            .into());
     }
     if !status.success() {
         bail!("the coordinator failed ({status})");

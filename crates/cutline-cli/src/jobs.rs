@@ -174,6 +174,8 @@ pub fn drill_run_with_budget(seed: u64, budget: u32) -> Result<String, String> {
     cfg.checkpoint.interval_ms = Some(20);
     cfg.checkpoint.tolerable_failures = 1;
     cfg.restart = RestartStrategy::FixedDelay { delay_ms: 10, max_attempts: 100 };
+    // The failures are injected at random, and may well be the same one after the same checkpoint.
+    cfg.max_repeated_failures = None;
     cfg.batch_size = 16;
     let i3 = inject.clone();
     cfg.faults = Faults::new(move |p| match p {

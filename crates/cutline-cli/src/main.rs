@@ -9,6 +9,7 @@ mod cluster_cmd;
 mod demo;
 mod logging;
 mod run;
+mod signals;
 
 use admin_cmd::{list_checkpoints, savepoint, status, tune};
 use args::{RunJob, TuneArgs};
@@ -247,6 +248,11 @@ fn main() {
         ),
     };
     if let Err(e) = result {
+        // Stopped by SIGTERM or SIGINT: not a failure, but not the end of the job either.
+        if let Some(s) = e.downcast_ref::<signals::StoppedBySignal>() {
+            eprintln!("cutline: {s}");
+            std::process::exit(s.exit_code());
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

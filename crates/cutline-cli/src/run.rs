@@ -1,5 +1,5 @@
 //! `cutline run wordcount`: the word-count job, embedded or as the coordinator of a cluster, with its
-//! admin socket.
+//! admin socket, stopped cleanly by SIGTERM or SIGINT.
 
 use crate::args::{ms_flag, open_store, parse_interval, read_secret, WordcountArgs};
 use anyhow::{bail, Context, Result};
@@ -154,6 +154,7 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
         );
     }
     let socket = a.state.join(admin::SOCKET_FILE);
+    let store = cfg.store.clone();
     let handle = match &a.cluster.coordinator {
         None => cutline::spawn(graph, cfg),
         Some(listen) => {
@@ -186,6 +187,8 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
             cutline::cluster::spawn_cluster(graph, cfg, cluster)?
         }
     };
+    // From here on SIGTERM and SIGINT stop the job cleanly (a second one exits at once).
+    let signals = crate::signals::StopOnSignal::install(handle.control(), &socket)?;
     // Serve the admin socket only once the job answers: it then holds the state directory's lock, so
     // a second run on the same directory is refused by the lock and never touches this run's socket.
     // If the job ended already (refused, failed or finished), `join` says how.
@@ -215,6 +218,7 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
     };
     let report = handle.join();
     drop(server); // after the job ended: requests in progress are answered first
+    let signal = signals.received();
     let report = report?;
     if report.already_finished {
         println!(
@@ -238,6 +242,14 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
             sp.bytes,
             sp.path.display()
         );
+    } else if let (true, Some(signal)) = (report.stopped, signal) {
+        let from = match store.latest_complete() {
+            Ok(Some(c)) => format!("from checkpoint {}", c.0),
+            Ok(None) => "from the start (no checkpoint completed)".into(),
+            Err(_) => "from the latest checkpoint".into(),
+        };
+        let message = format!("stopped by {}: {counts}; run the same command again to resume {from}", signal.name());
+        return Err(signal.stopped(message).into());
     } else if report.stopped {
         println!("stopped: {counts}; run the same command again to resume from the latest checkpoint");
     } else {

@@ -23,6 +23,15 @@ use crate::restart::{RestartDecision, RestartStrategy, RestartTracker};
 /// before the run gives up (another coordinator of the job keeps running).
 pub const MAX_START_OVERS: u32 = 3;
 
+/// By default, a generation that fails this many times in a row with the same reason, each time
+/// after restoring the same checkpoint, ends the run whatever the restart strategy allows: the
+/// failure repeats at the same input (a record a user function panics on, a line the source
+/// refuses), so restarting cannot help, and the default strategy would otherwise retry for some
+/// 43 s. Failures of the start (reading storage, claiming, deploying) are left to the strategy:
+/// storage that does not answer may answer later. See [`RunLifecycle::with_repeat_limit`]; a
+/// harness that injects the same failure at random turns it off.
+pub const MAX_REPEATED_FAILURES: u32 = 3;
+
 /// What `job.meta` says, as far as the lifecycle needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MetaFacts {
@@ -184,8 +193,9 @@ pub enum RunFailure<E> {
     Step(E),
     /// The store belongs to another job.
     WrongJob,
-    /// The restart strategy gave up. `repeated`: how many of the last failures in a row were the
-    /// same failure after restoring the same checkpoint (1 if the last one differed).
+    /// The restart strategy gave up, or the same failure repeated [`MAX_REPEATED_FAILURES`] times
+    /// after restoring the same checkpoint. `repeated`: how many of the last failures in a row were
+    /// the same failure after restoring the same checkpoint (1 if the last one differed).
     GaveUp { attempts: u32, last: String, repeated: u32, restored: Option<CheckpointId> },
     /// A failure that restarting cannot mend.
     Permanent { reason: String },
@@ -228,6 +238,8 @@ pub struct RunLifecycle {
     /// The last failure, the checkpoint its generation had restored, and how many failures in a row
     /// were the same.
     last_failure: Option<(String, Option<CheckpointId>, u32)>,
+    /// The same failure this many times in a row after restoring the same checkpoint ends the run.
+    repeat_limit: Option<u32>,
 }
 
 impl RunLifecycle {
@@ -244,7 +256,15 @@ impl RunLifecycle {
             restarts: 0,
             failed_at: None,
             last_failure: None,
+            repeat_limit: Some(MAX_REPEATED_FAILURES),
         }
+    }
+
+    /// End the run once the same failure repeats `limit` times in a row after restoring the same
+    /// checkpoint (default [`MAX_REPEATED_FAILURES`]); `None`: only the restart strategy decides.
+    pub fn with_repeat_limit(mut self, limit: Option<u32>) -> RunLifecycle {
+        self.repeat_limit = limit;
+        self
     }
 
     /// The generation of the current (or last) start.
@@ -445,6 +465,10 @@ impl RunLifecycle {
         self.last_failure = Some((reason.clone(), restored, repeated));
         if permanent {
             return self.done(RunEnd::Failed(RunFailure::Permanent { reason }));
+        }
+        if cause == Cause::Generation && self.repeat_limit.is_some_and(|limit| repeated >= limit) {
+            let attempts = self.tracker.attempts();
+            return self.done(RunEnd::Failed(RunFailure::GaveUp { attempts, last: reason, repeated, restored }));
         }
         match self.tracker.on_failure(now) {
             RestartDecision::GiveUp { attempts } => {

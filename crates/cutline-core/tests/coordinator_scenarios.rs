@@ -16,6 +16,7 @@
 use cutline_core::barrier::{Alignment, CheckpointMode, SnapshotKind};
 use cutline_core::coordinator::{
     AbortReason, CheckpointConfig, Coordinator, Decision, Event, Outcome, Violation, EPOCH_LEASE_BLOCK,
+    MAX_CONCURRENT_CHECKPOINTS, MIN_CONCURRENT_TRIGGER_GAP_MS,
 };
 use cutline_core::{CheckpointId, Generation, TaskId, TimeMs};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -400,6 +401,13 @@ impl Scenario {
         }
         self
     }
+    fn expect_epochs_exhausted(&mut self, lease_end: u64) -> &mut Self {
+        match self.next(&format!("EpochsExhausted at {lease_end}")) {
+            Decision::EpochsExhausted { lease_end: e } if e == CheckpointId(lease_end) => {}
+            other => panic!("t={}: expected EpochsExhausted at {lease_end}, got {other:?}", self.now),
+        }
+        self
+    }
     /// The job is done: its final checkpoint `id` is complete and every task finished.
     fn expect_job_finished(&mut self, id: u64) -> &mut Self {
         self.expect_job_finished_by(id, SnapshotKind::Final)
@@ -550,6 +558,16 @@ fn periodic_triggers_follow_interval_min_pause_and_max_concurrent() {
         Row { what: "a checkpoint that never completes holds its slot until it times out",
               interval: 100, min_pause: 0, max_concurrent: 1, timeout: 250, takes: None,
               triggers: &[100, 350, 600] },
+        Row { what: "a short interval with many in flight: concurrent triggers keep the 50 ms gap",
+              interval: 10, min_pause: 0, max_concurrent: 16, timeout: 1000, takes: Some(250),
+              triggers: &[10, 60, 110, 160, 210, 260, 310, 360, 410, 460, 510, 560, 610, 660] },
+        Row { what: "a short interval with none in flight: the interval alone decides",
+              interval: 10, min_pause: 0, max_concurrent: 16, timeout: 1000, takes: Some(10),
+              triggers: &[10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130, 140, 150, 160, 170,
+                          180, 190, 200, 210, 220, 230, 240, 250, 260, 270, 280, 290, 300, 310, 320,
+                          330, 340, 350, 360, 370, 380, 390, 400, 410, 420, 430, 440, 450, 460, 470,
+                          480, 490, 500, 510, 520, 530, 540, 550, 560, 570, 580, 590, 600, 610, 620,
+                          630, 640, 650, 660, 670, 680, 690, 700] },
     ];
     for row in table {
         let cfg = CheckpointConfig {
@@ -891,6 +909,26 @@ fn final_checkpoint_waits_for_the_lease_too() {
         .at(30).lease_extended(extended).expect_final_trigger(5);
 }
 
+#[test]
+fn running_out_of_checkpoint_ids_is_a_decision_not_a_panic_regression_crafted_lease() {
+    // A crafted job.meta with the lease end u64::MAX - 10_000 passes the start's checks (the first
+    // lease ends exactly at u64::MAX); after 10,000 checkpoints the coordinator asked for a lease
+    // that ends where the old one did and panicked on `lease_end > self.lease_end`.
+    let first = u64::MAX - EPOCH_LEASE_BLOCK;
+    let mut s = job().epochs(first, u64::MAX).start();
+    for k in 0..EPOCH_LEASE_BLOCK {
+        s.at(100 * (k + 1)).tick().expect_trigger(first + k).complete(first + k);
+    }
+    assert_eq!(s.c.next_id(), CheckpointId(u64::MAX), "every id below u64::MAX was issued");
+    let t = 100 * (EPOCH_LEASE_BLOCK + 1);
+    s.at(t).tick().expect_epochs_exhausted(u64::MAX);
+    // Asked once: nothing more is triggered, the end of input neither, and nothing panics.
+    s.at(t + 100).tick().quiet();
+    s.at(t + 150).source_finished(0).quiet();
+    s.at(t + 200).savepoint().expect_savepoint_rejected("every checkpoint id");
+    assert_eq!(s.c.last_completed(), Some(CheckpointId(u64::MAX - 1)));
+}
+
 // ------------------------------------------------------------------------------------------------
 // End of input
 // ------------------------------------------------------------------------------------------------
@@ -1221,6 +1259,21 @@ fn config_validation_rejects_unaligned_and_alignment_limits_with_at_least_once()
         ..Default::default()
     };
     assert_eq!(eo.validate(), Ok(()));
+}
+
+#[test]
+fn max_concurrent_is_bounded_regression_tune_accepted_4294967296() {
+    for n in [0, MAX_CONCURRENT_CHECKPOINTS + 1, 1 << 32] {
+        let cfg = CheckpointConfig { max_concurrent: n, ..Default::default() };
+        let err = cfg.validate().expect_err("out of range");
+        assert_eq!(
+            err,
+            format!("max concurrent checkpoints must be at least 1 and at most {MAX_CONCURRENT_CHECKPOINTS}, not {n}")
+        );
+    }
+    for n in [1, MAX_CONCURRENT_CHECKPOINTS] {
+        assert_eq!(CheckpointConfig { max_concurrent: n, ..Default::default() }.validate(), Ok(()));
+    }
 }
 
 #[test]
@@ -2161,6 +2214,9 @@ impl Model {
                     assert_eq!(self.tasks_done.len(), self.tasks.len(), "JobFinished before every task finished");
                     self.finished = true;
                 }
+                Decision::EpochsExhausted { lease_end } => {
+                    panic!("epochs exhausted at {lease_end}: the random runs never get near u64::MAX")
+                }
             }
         }
 
@@ -2290,8 +2346,13 @@ impl Model {
         let Some(interval) = self.cfg.interval_ms else {
             return false;
         };
+        // With a checkpoint in flight, the next waits at least the concurrent trigger gap.
+        let gap = match self.last_trigger_at {
+            Some(_) if !self.live.is_empty() => interval.max(MIN_CONCURRENT_TRIGGER_GAP_MS),
+            _ => interval,
+        };
         self.live.len() < self.cfg.max_concurrent
-            && self.now - self.last_trigger_at.unwrap_or(self.gen_start) >= interval
+            && self.now - self.last_trigger_at.unwrap_or(self.gen_start) >= gap
             && (!self.live.is_empty() || self.now - self.last_end_at >= self.cfg.min_pause_ms)
     }
 

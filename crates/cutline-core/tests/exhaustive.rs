@@ -58,7 +58,7 @@
 
 use cutline_core::aligner::{AlignAction, Aligner};
 use cutline_core::barrier::{Barrier, CheckpointMode, SnapshotKind};
-use cutline_core::coordinator::{CheckpointConfig, Coordinator, Decision, Event};
+use cutline_core::coordinator::{CheckpointConfig, Coordinator, Decision, Event, MIN_CONCURRENT_TRIGGER_GAP_MS};
 use cutline_core::restart::{choose_restore, Candidate};
 use cutline_core::{CheckpointId, Generation, TaskId, TimeMs};
 use std::cell::RefCell;
@@ -87,8 +87,9 @@ const MAX_CRASHES: u32 = 1;
 const MAX_STATES: usize = 20_000_000;
 
 /// Checkpoint interval. A tick advances time by this much and only comes when the model lets the
-/// coordinator trigger, so every tick triggers and no other event does.
-const INTERVAL_MS: u64 = 10;
+/// coordinator trigger, so every tick triggers and no other event does. It is the concurrent trigger
+/// gap, so that a tick with a checkpoint (or savepoint) in flight triggers too.
+const INTERVAL_MS: u64 = MIN_CONCURRENT_TRIGGER_GAP_MS;
 /// Alignment timeout of the aligned-with-timeout mode, counted from the trigger. Shorter than the
 /// interval: time also moves (only in that mode) to the moment every triggered checkpoint is past its
 /// timeout, which never reaches the next trigger.

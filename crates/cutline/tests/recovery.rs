@@ -572,3 +572,38 @@ fn concurrent_partial_setting_changes_never_undo_each_other() {
     handle.stop();
     assert!(handle.join().unwrap().stopped);
 }
+
+#[test]
+fn a_finished_marker_copied_from_another_store_is_damage_not_the_end_of_a_half_done_job_regression_copied_marker() {
+    // A FINISHED marker copied from another store (of this job or another) made a half-done job
+    // report "already finished" and exit 0; the marker must name a final checkpoint of this job in
+    // this store.
+    for other_job in ["counting-v1", "another-job"] {
+        let (finished, half_done) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut cfg = config(finished.path());
+        cfg.job_fingerprint = other_job.into();
+        let report = cutline::run(&counting_job("counts", 2, Arc::default()), cfg).unwrap();
+        assert!(report.final_checkpoint.is_some() && finished.path().join("FINISHED").exists());
+
+        let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+        let graph = counting_job("counts", 2, out.clone());
+        let mut cfg = config(half_done.path());
+        crash_at_commit(&mut cfg, 3);
+        cutline::run(&graph, cfg).expect_err("the injected failure stops the run half-way");
+        std::fs::copy(finished.path().join("FINISHED"), half_done.path().join("FINISHED")).unwrap();
+
+        let err = match cutline::run(&graph, config(half_done.path())) {
+            Ok(r) => panic!("{other_job}: the copied marker ended the half-done job: {r:?}"),
+            Err(e) => e,
+        };
+        assert!(matches!(err, RunError::Damaged { what: "FINISHED", .. }), "{other_job}: {err}");
+        let msg = err.to_string();
+        assert!(msg.contains("copied from another job") && msg.contains("delete it"), "{other_job}: {msg}");
+        assert!(!msg.contains("already finished"), "{other_job}: {msg}");
+        // The advice works: without the marker the job resumes and finishes exactly.
+        std::fs::remove_file(half_done.path().join("FINISHED")).unwrap();
+        let report = cutline::run(&graph, config(half_done.path())).expect("resumes");
+        assert!(report.restored_from.is_some() && !report.already_finished);
+        assert_eq!(committed(&out), expected());
+    }
+}

@@ -3,6 +3,29 @@
 
 use crate::barrier::{Alignment, CheckpointMode, SnapshotKind};
 
+/// The most checkpoints [`CheckpointConfig::max_concurrent`] allows in flight at once. Every
+/// checkpoint in flight costs every task a barrier, a snapshot and (at a sink) a prepared transaction;
+/// more than this only adds cost.
+pub const MAX_CONCURRENT_CHECKPOINTS: usize = 16;
+
+/// While a checkpoint is in flight, the next one is triggered no sooner than this after the previous
+/// trigger, whatever the interval: concurrent checkpoints are triggered at most 20 times a second.
+/// With a 1 ms interval and many checkpoints allowed in flight, barriers otherwise follow each other
+/// so closely that tasks do little but take snapshots and data nearly stops. With no checkpoint in
+/// flight the interval (and min pause) alone decide, so a short interval with one checkpoint in flight
+/// is paced by the checkpoints' own duration, as before.
+pub const MIN_CONCURRENT_TRIGGER_GAP_MS: u64 = 50;
+
+/// Is `n` a valid [`CheckpointConfig::max_concurrent`]? The message says what is allowed; the CLI's
+/// flags and the admin protocol's `max-concurrent` give the same one.
+pub fn check_max_concurrent(n: usize) -> Result<(), String> {
+    if (1..=MAX_CONCURRENT_CHECKPOINTS).contains(&n) {
+        Ok(())
+    } else {
+        Err(format!("max concurrent checkpoints must be at least 1 and at most {MAX_CONCURRENT_CHECKPOINTS}, not {n}"))
+    }
+}
+
 /// Checkpointing settings. Defaults are documented on each field.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CheckpointConfig {
@@ -13,7 +36,9 @@ pub struct CheckpointConfig {
     pub timeout_ms: u64,
     /// Minimum time between the end of one checkpoint and the trigger of the next. Default 0.
     pub min_pause_ms: u64,
-    /// Checkpoints in flight at once. Default 1.
+    /// Checkpoints in flight at once, 1 to [`MAX_CONCURRENT_CHECKPOINTS`]. Default 1. While one is in
+    /// flight, the next is triggered no sooner than [`MIN_CONCURRENT_TRIGGER_GAP_MS`] after the
+    /// previous trigger, whatever the interval.
     pub max_concurrent: usize,
     /// Consecutive failed checkpoints (timeout, a task's decline, a failed manifest write) tolerated
     /// before the job fails over. Aborts caused by a failover, and subsumed checkpoints, do not count.
@@ -58,9 +83,7 @@ impl CheckpointConfig {
         if self.timeout_ms == 0 {
             return Err("checkpoint timeout must be positive".into());
         }
-        if self.max_concurrent == 0 {
-            return Err("max concurrent checkpoints must be at least 1".into());
-        }
+        check_max_concurrent(self.max_concurrent)?;
         if self.mode == CheckpointMode::AtLeastOnce
             && (self.unaligned || self.alignment_timeout_ms.is_some() || self.max_aligned_bytes.is_some())
         {

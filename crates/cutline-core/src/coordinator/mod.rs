@@ -12,7 +12,7 @@
 mod config;
 mod types;
 
-pub use config::CheckpointConfig;
+pub use config::{check_max_concurrent, CheckpointConfig, MAX_CONCURRENT_CHECKPOINTS, MIN_CONCURRENT_TRIGGER_GAP_MS};
 pub use types::{AbortReason, CheckpointStats, Decision, Event, Outcome, Violation};
 
 use crate::barrier::{Barrier, CheckpointMode, SnapshotKind};
@@ -312,7 +312,7 @@ impl<R: Clone> Coordinator<R> {
                 }
             }
             Event::LeaseExtended { lease_end } => {
-                assert!(lease_end > self.lease_end);
+                assert!(lease_end > self.lease_end, "lease extended from {} to {lease_end}", self.lease_end);
                 self.lease_end = lease_end;
                 self.lease_requested = false;
                 if let Some(stop) = self.savepoint_wanted.take() {
@@ -366,7 +366,9 @@ impl<R: Clone> Coordinator<R> {
             return;
         }
         if let Some(t) = self.last_trigger_at {
-            if now.saturating_sub(t) < interval {
+            // With a checkpoint in flight, the next waits at least the concurrent trigger gap.
+            let gap = if self.pending.is_empty() { interval } else { interval.max(MIN_CONCURRENT_TRIGGER_GAP_MS) };
+            if now.saturating_sub(t) < gap {
                 return;
             }
         }
@@ -397,6 +399,10 @@ impl<R: Clone> Coordinator<R> {
             out.push(Decision::SavepointRejected { reason: "another savepoint is about to start".into() });
             return;
         }
+        if self.next_id.0 == u64::MAX {
+            out.push(Decision::SavepointRejected { reason: "every checkpoint id has been used".into() });
+            return;
+        }
         if !self.ensure_lease(out) {
             self.savepoint_wanted = Some(stop);
             return;
@@ -415,9 +421,14 @@ impl<R: Clone> Coordinator<R> {
         }
         if !self.lease_requested {
             self.lease_requested = true;
-            out.push(Decision::ExtendLease {
-                lease_end: CheckpointId(self.lease_end.0.saturating_add(EPOCH_LEASE_BLOCK)),
-            });
+            // Near the end of the id space (only a crafted or damaged `job.meta` starts a job there)
+            // the last lease is shorter than a block; once the largest id is issued there is no next.
+            let extended = self.lease_end.0.saturating_add(EPOCH_LEASE_BLOCK);
+            if extended == self.lease_end.0 {
+                out.push(Decision::EpochsExhausted { lease_end: self.lease_end });
+            } else {
+                out.push(Decision::ExtendLease { lease_end: CheckpointId(extended) });
+            }
         }
         false
     }

@@ -72,6 +72,10 @@ impl AbortReason {
 pub enum Decision<R> {
     /// Durably record that epochs below `lease_end` may be issued, then report [`Event::LeaseExtended`].
     ExtendLease { lease_end: CheckpointId },
+    /// Every checkpoint id below `lease_end` (`u64::MAX`) is issued and there is no next one: no
+    /// further checkpoint can be taken. Only a crafted or damaged `job.meta` starts a job this close
+    /// to the end of the id space. End the run with an error; the coordinator triggers nothing more.
+    EpochsExhausted { lease_end: CheckpointId },
     /// Inject this barrier at every source task.
     Trigger { barrier: Barrier },
     /// Every task acked: write the manifest (the commit point), then report the outcome.

@@ -240,6 +240,66 @@ fn the_same_failure_after_restoring_the_same_checkpoint_is_counted_as_repeating(
 }
 
 #[test]
+fn the_same_failure_at_the_same_input_ends_the_run_before_the_strategy_gives_up() {
+    // The default strategy allows 10 attempts (about 43 s of backoff); a failure that repeats after
+    // restoring the same checkpoint stops after MAX_REPEATED_FAILURES.
+    let mut l = running(RestartStrategy::default());
+    let mut round = 0u64;
+    let step = loop {
+        let step = failed_over(&mut l, 10 * round, "map#0 panicked: bad record");
+        if !matches!(step, Step::Wait { .. }) {
+            break step;
+        }
+        l.next::<&str>(TimeMs(10 * round + 1), Ev::Waited);
+        l.next::<&str>(TimeMs(10 * round + 1), Ev::MetaWritten);
+        l.next(TimeMs(10 * round + 2), restored(Some(7), Some(7)));
+        l.next::<&str>(TimeMs(10 * round + 2), Ev::Claimed { newest_manifest_now: Some(c(7)) });
+        l.next::<&str>(TimeMs(10 * round + 3), Ev::Deployed);
+        round += 1;
+    };
+    // The first failure came after the fresh start, the next ones after restoring checkpoint 7.
+    assert_eq!(
+        step,
+        Step::Done(RunEnd::Failed(RunFailure::GaveUp {
+            attempts: MAX_REPEATED_FAILURES,
+            last: "map#0 panicked: bad record".into(),
+            repeated: MAX_REPEATED_FAILURES,
+            restored: Some(c(7)),
+        }))
+    );
+    assert_eq!(l.restarts(), MAX_REPEATED_FAILURES);
+}
+
+#[test]
+fn without_a_repeat_limit_the_strategy_alone_decides() {
+    let mut l = running(RestartStrategy::FixedDelay { delay_ms: 1, max_attempts: 100 }).with_repeat_limit(None);
+    for round in 0..3 * MAX_REPEATED_FAILURES as u64 {
+        let step = failed_over(&mut l, 10 * round, "crashed by the simulation");
+        assert!(matches!(step, Step::Wait { .. }), "round {round}: {step:?}");
+        l.next::<&str>(TimeMs(10 * round + 1), Ev::Waited);
+        l.next::<&str>(TimeMs(10 * round + 1), Ev::MetaWritten);
+        l.next(TimeMs(10 * round + 2), restored(None, None));
+        l.next::<&str>(TimeMs(10 * round + 2), Ev::Claimed { newest_manifest_now: None });
+        l.next::<&str>(TimeMs(10 * round + 3), Ev::Deployed);
+    }
+}
+
+#[test]
+fn failures_that_differ_or_make_progress_are_left_to_the_strategy() {
+    let mut l = running(RestartStrategy::FixedDelay { delay_ms: 1, max_attempts: 100 });
+    for round in 0..2 * MAX_REPEATED_FAILURES as u64 {
+        // Every other failure differs, and the restored checkpoint moves on: the run keeps restarting.
+        let reason = if round % 2 == 0 { "worker 1 lost" } else { "worker 2 lost" };
+        assert!(matches!(failed_over(&mut l, 10 * round, reason), Step::Wait { .. }), "round {round}");
+        l.next::<&str>(TimeMs(10 * round + 1), Ev::Waited);
+        l.next::<&str>(TimeMs(10 * round + 1), Ev::MetaWritten);
+        l.next(TimeMs(10 * round + 2), restored(Some(round / 2 + 1), Some(round / 2 + 1)));
+        l.next::<&str>(TimeMs(10 * round + 2), Ev::Claimed { newest_manifest_now: Some(c(round / 2 + 1)) });
+        l.next::<&str>(TimeMs(10 * round + 3), Ev::Deployed);
+    }
+}
+
+#[test]
 fn a_permanent_failure_ends_the_run_without_a_restart() {
     let mut l = running(RestartStrategy::default());
     let end = GenerationEnd::FailedOver { reason: "line 3 is too long".into(), permanent: true };

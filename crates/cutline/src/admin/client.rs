@@ -1,16 +1,26 @@
 //! The admin socket's client: send one request line, read the whole answer within a bound.
 
 use super::server::check_path;
-use super::{AdminError, DEFAULT_ANSWER_TIMEOUT, MAX_ANSWER_BYTES, MAX_REQUEST_BYTES, REQUEST_READ_TIMEOUT};
+use super::REQUEST_READ_TIMEOUT;
+use super::{AdminError, DEFAULT_ANSWER_TIMEOUT, MAX_ANSWER_BYTES, MAX_REQUEST_BYTES, QUICK_ANSWER_TIMEOUT};
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
 /// Send one request line to the job serving `socket` and return its whole answer (starting with `ok`
-/// or `error:`), waiting at most [`DEFAULT_ANSWER_TIMEOUT`].
+/// or `error:`), waiting at most [`answer_timeout`] for it.
 pub fn request(socket: &Path, line: &str) -> Result<String, AdminError> {
-    request_with_timeout(socket, line, DEFAULT_ANSWER_TIMEOUT)
+    request_with_timeout(socket, line, answer_timeout(line))
+}
+
+/// How long [`request`] waits for the answer to `line`: [`DEFAULT_ANSWER_TIMEOUT`] for a savepoint
+/// (it is taken and exported before the answer), [`QUICK_ANSWER_TIMEOUT`] for anything else.
+pub fn answer_timeout(line: &str) -> Duration {
+    match line.split_whitespace().next() {
+        Some("savepoint" | "stop-with-savepoint") => DEFAULT_ANSWER_TIMEOUT,
+        _ => QUICK_ANSWER_TIMEOUT,
+    }
 }
 
 /// [`request`], turning an `error: <reason>` answer into [`AdminError::Refused`] and returning what

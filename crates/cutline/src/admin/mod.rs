@@ -5,8 +5,27 @@
 //! file, removing it when the server is dropped), the request/answer protocol and its parsing, and the
 //! formatting of settings and status. It does not own any job behaviour: every request is carried out
 //! through [`JobControl`], which decides whether settings are valid (`CheckpointConfig::validate`),
-//! takes and exports savepoints and stops the job. It does not authenticate: whoever may connect to the
-//! socket file (its directory's permissions decide) may control the job.
+//! takes and exports savepoints and stops the job.
+//!
+//! # Who may connect
+//!
+//! Only the job's own user (and root). The socket file is made owner-only (mode 0600) right after it
+//! is bound, and every accepted connection's peer is checked (`SO_PEERCRED` on Linux, `getpeereid`
+//! elsewhere): a process of another user is answered `error: ...` and dropped, also in the instant
+//! between the bind and the `chmod`. Anyone who may connect may stop the job and write savepoints
+//! wherever the job's user may write.
+//!
+//! # Bounds
+//!
+//! A connection waits in the accept loop, not in a handler, until its request line is complete: it
+//! must send its first byte within [`FIRST_BYTE_TIMEOUT`] and the whole line within
+//! [`REQUEST_READ_TIMEOUT`]; at most [`MAX_WAITING_CONNECTIONS`] wait at once, and a new one pushes
+//! out the longest waiting. Idle connections therefore never hold the [`MAX_CONNECTIONS`] handlers,
+//! which only complete requests get. Requests other than savepoints are answered within
+//! [`CONTROL_ANSWER_TIMEOUT`](crate::runtime::CONTROL_ANSWER_TIMEOUT) (`error: ...` if the job's
+//! coordinator does not answer), and a client waits [`QUICK_ANSWER_TIMEOUT`] for them, so `cutline
+//! status` against a hung or stopped (`SIGSTOP`) job fails in seconds; a savepoint request waits up to
+//! [`DEFAULT_ANSWER_TIMEOUT`].
 //!
 //! # Protocol
 //!
@@ -33,7 +52,7 @@
 //! | `interval` | duration or `off` | time between checkpoint triggers |
 //! | `timeout` | duration | a checkpoint not complete this long after its trigger is aborted |
 //! | `min-pause` | duration | minimum time from the end of one checkpoint to the next trigger |
-//! | `max-concurrent` | integer | checkpoints in flight at once |
+//! | `max-concurrent` | integer, 1 to 16 | checkpoints in flight at once ([`MAX_CONCURRENT_CHECKPOINTS`](cutline_core::coordinator::MAX_CONCURRENT_CHECKPOINTS)) |
 //! | `tolerable-failures` | integer | consecutive failed checkpoints tolerated before a failover |
 //! | `mode` | `exactly-once` or `at-least-once` | checkpoint mode |
 //! | `unaligned` | `true` or `false` | exactly-once checkpoints are unaligned |
@@ -49,13 +68,14 @@
 //! savepoint goes to the job's savepoint directory.
 
 mod client;
+mod peer;
 mod protocol;
 mod server;
 mod status;
 #[cfg(test)]
 mod tests;
 
-pub use client::{request, request_ok, request_with_timeout};
+pub use client::{answer_timeout, request, request_ok, request_with_timeout};
 pub use protocol::{
     apply_settings, format_config, format_duration_ms, mode_name, parse_bool, parse_duration_ms, parse_optional_bytes,
     parse_optional_duration_ms, parse_request, parse_setting, Request, Setting, SETTING_KEYS,
@@ -74,15 +94,23 @@ pub const MAX_REQUEST_BYTES: usize = 4096;
 pub const MAX_ANSWER_BYTES: usize = 1 << 20;
 /// A request line must arrive within this time after the connection is accepted.
 pub const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// The first byte of a request must arrive within this time after the connection is accepted.
+pub const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Connections whose request line is not complete yet, at most; a new one pushes out the oldest.
+pub const MAX_WAITING_CONNECTIONS: usize = 64;
 /// Writing an answer gives up after this long (a client that stopped reading).
 const ANSWER_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long [`request`] waits for an answer: savepoints of a large job take a while.
+/// How long [`request`] waits for the answer to a savepoint request: savepoints of a large job take
+/// a while.
 pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long [`request`] waits for the answer to any other request (the job answers within
+/// [`CONTROL_ANSWER_TIMEOUT`](crate::runtime::CONTROL_ANSWER_TIMEOUT), or says it could not).
+pub const QUICK_ANSWER_TIMEOUT: Duration = Duration::from_secs(8);
 /// How long [`serve`] waits for the answer of a process found on the socket.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Requests served at once; more are answered `error: busy`.
 pub const MAX_CONNECTIONS: usize = 8;
-/// How often the accept loop looks at its stop flag.
+/// How often the accept loop looks at its stop flag when no connection stirs.
 const ACCEPT_POLL: Duration = Duration::from_millis(20);
 /// How long dropping the server waits for requests in progress to be answered.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -110,7 +138,7 @@ pub enum AdminError {
         #[source]
         source: std::io::Error,
     },
-    #[error("no answer from {} within {} s", socket.display(), after.as_secs())]
+    #[error("no answer from {} within {} s: the job is hung or stopped (suspended with SIGSTOP or Ctrl-Z?); check its process, or try again", socket.display(), after.as_secs())]
     Timeout { socket: PathBuf, after: Duration },
     #[error("bad request: {0}")]
     BadRequest(String),

@@ -97,6 +97,8 @@ pub fn parse_setting(key: &str, value: &str) -> Result<Setting, String> {
         "interval" => Setting::Interval(parse_optional_duration_ms(value).map_err(bad)?),
         "timeout" => Setting::Timeout(parse_duration_ms(value).map_err(bad)?),
         "min-pause" => Setting::MinPause(parse_duration_ms(value).map_err(bad)?),
+        // The range is the job's to check (CheckpointConfig::validate), with the message the CLI's
+        // --max-concurrent gives.
         "max-concurrent" => Setting::MaxConcurrent(parse_count(value).map_err(bad)?),
         "tolerable-failures" => Setting::TolerableFailures(parse_count(value).map_err(bad)?),
         "mode" => Setting::Mode(value.parse().map_err(bad)?),

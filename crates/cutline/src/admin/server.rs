@@ -1,19 +1,27 @@
-//! The admin socket's server: binding the socket file (refusing when another live job answers there,
-//! replacing a stale file), accepting a bounded number of connections, and answering one request each.
+//! The admin socket's server: binding the socket file owner-only (refusing when another live job
+//! answers there, replacing a stale file), checking who connects, reading request lines in the accept
+//! loop (idle connections never hold a handler) and answering each complete one on a bounded pool
+//! of handler threads.
 
 use super::client::request_with_timeout;
+use super::peer;
 use super::protocol::answer;
 use super::{AdminError, ACCEPT_POLL, ANSWER_WRITE_TIMEOUT, DRAIN_TIMEOUT, MAX_CONNECTIONS, MAX_REQUEST_BYTES};
-use super::{PROBE_TIMEOUT, REQUEST_READ_TIMEOUT, SUN_PATH_BYTES};
+use super::{FIRST_BYTE_TIMEOUT, MAX_WAITING_CONNECTIONS, PROBE_TIMEOUT, REQUEST_READ_TIMEOUT, SUN_PATH_BYTES};
 use crate::runtime::JobControl;
+use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// Mode of the socket file: the job's own user only.
+const SOCKET_MODE: u32 = 0o600;
 
 /// A running admin endpoint. Dropping it stops accepting, waits (boundedly) for requests in progress
 /// to be answered, and removes the socket file if it is still the one it bound.
@@ -85,7 +93,12 @@ pub fn serve(control: JobControl, socket: &Path) -> Result<AdminServer, AdminErr
         }
         Err(e) => return Err(io("bind")(e)),
     };
+    // Owner-only at once; a peer that connected in between is still checked at accept.
     let bound = file_id(socket);
+    if let Err(e) = std::fs::set_permissions(socket, std::fs::Permissions::from_mode(SOCKET_MODE)) {
+        let _ = std::fs::remove_file(socket);
+        return Err(io("make the socket file owner-only")(e));
+    }
     listener.set_nonblocking(true).map_err(io("make the listener non-blocking"))?;
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
@@ -106,30 +119,66 @@ pub(super) fn probe_live(socket: &Path) -> bool {
     }
 }
 
+/// A connection whose request line is not complete yet.
+struct Waiting {
+    stream: UnixStream,
+    line: Vec<u8>,
+    accepted: Instant,
+}
+
+/// What reading a waiting connection came to.
+enum Read1 {
+    More,
+    Line(String),
+    Refuse(String),
+}
+
 fn accept_loop(listener: UnixListener, control: JobControl, stop: Arc<AtomicBool>) {
+    let own = peer::own_uid();
+    let mut waiting: VecDeque<Waiting> = VecDeque::new();
     let mut handlers: Vec<JoinHandle<()>> = Vec::new();
     while !stop.load(Ordering::SeqCst) {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                handlers.retain(|h| !h.is_finished());
-                if handlers.len() >= MAX_CONNECTIONS {
-                    let _ = stream.set_nonblocking(false);
-                    let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
-                    let _ = (&stream).write_all(b"error: busy: too many admin requests in progress; try again\n");
-                    continue;
+        wait_readable(&listener, &waiting, ACCEPT_POLL);
+        loop {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    if let Err(why) = peer::check(&stream, own) {
+                        tracing::warn!(event = "admin_refused", reason = %why, "admin socket: {why}");
+                        refuse(&stream, &why);
+                        continue;
+                    }
+                    if stream.set_nonblocking(true).is_err() {
+                        continue;
+                    }
+                    if waiting.len() >= MAX_WAITING_CONNECTIONS {
+                        if let Some(old) = waiting.pop_front() {
+                            refuse(
+                                &old.stream,
+                                "too many connections wait without a request; send the request at once",
+                            );
+                        }
+                    }
+                    waiting.push_back(Waiting { stream, line: Vec::new(), accepted: Instant::now() });
                 }
-                let control = control.clone();
-                match std::thread::Builder::new()
-                    .name("cutline-admin-req".into())
-                    .spawn(move || handle_connection(stream, &control))
-                {
-                    Ok(h) => handlers.push(h),
-                    Err(_) => std::thread::sleep(ACCEPT_POLL), // the stream is dropped: the client sees EOF
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                // Out of descriptors and the like: serve those waiting, accept again later.
+                Err(_) => break,
+            }
+        }
+        let mut i = 0;
+        while i < waiting.len() {
+            match read_some(&mut waiting[i]) {
+                Read1::More => i += 1,
+                Read1::Line(line) => {
+                    let w = waiting.remove(i).expect("in range");
+                    dispatch(w.stream, line, &control, &mut handlers);
+                }
+                Read1::Refuse(why) => {
+                    let w = waiting.remove(i).expect("in range");
+                    refuse(&w.stream, &why);
                 }
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
-            // Out of descriptors and the like: wait and carry on.
-            Err(_) => std::thread::sleep(ACCEPT_POLL),
         }
     }
     drop(listener);
@@ -143,54 +192,104 @@ fn accept_loop(listener: UnixListener, control: JobControl, stop: Arc<AtomicBool
     }
 }
 
-fn handle_connection(mut stream: UnixStream, control: &JobControl) {
+/// Sleep until the listener or a waiting connection is readable, at most `limit`.
+fn wait_readable(listener: &UnixListener, waiting: &VecDeque<Waiting>, limit: Duration) {
+    let mut fds: Vec<libc::pollfd> = std::iter::once(listener.as_raw_fd())
+        .chain(waiting.iter().map(|w| w.stream.as_raw_fd()))
+        .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
+        .collect();
+    // Wake in time for the earliest read deadline of a waiting connection.
+    let now = Instant::now();
+    let next_deadline = waiting
+        .iter()
+        .map(|w| w.accepted + if w.line.is_empty() { FIRST_BYTE_TIMEOUT } else { REQUEST_READ_TIMEOUT })
+        .min()
+        .map(|d| d.saturating_duration_since(now))
+        .unwrap_or(limit);
+    let ms = limit.min(next_deadline).as_millis().max(1) as libc::c_int;
+    // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures for the duration of the call.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+}
+
+/// Read what `w` sent so far, without blocking.
+fn read_some(w: &mut Waiting) -> Read1 {
+    let mut chunk = [0u8; 512];
+    loop {
+        match w.stream.read(&mut chunk) {
+            Ok(0) if w.line.is_empty() => return Read1::Refuse("empty request: try help".into()),
+            Ok(0) => return finish(std::mem::take(&mut w.line)),
+            Ok(n) => {
+                let end = chunk[..n].iter().position(|b| *b == b'\n');
+                w.line.extend_from_slice(&chunk[..end.map(|p| p + 1).unwrap_or(n)]);
+                if w.line.len() > MAX_REQUEST_BYTES {
+                    return Read1::Refuse(format!("request longer than {MAX_REQUEST_BYTES} bytes"));
+                }
+                if end.is_some() {
+                    return finish(std::mem::take(&mut w.line));
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                let waited = w.accepted.elapsed();
+                if w.line.is_empty() && waited >= FIRST_BYTE_TIMEOUT {
+                    return Read1::Refuse(format!(
+                        "no request within {} ms of connecting",
+                        FIRST_BYTE_TIMEOUT.as_millis()
+                    ));
+                }
+                if waited >= REQUEST_READ_TIMEOUT {
+                    return Read1::Refuse(format!(
+                        "no complete request line within {} s",
+                        REQUEST_READ_TIMEOUT.as_secs()
+                    ));
+                }
+                return Read1::More;
+            }
+            Err(e) => return Read1::Refuse(format!("reading the request: {e}")),
+        }
+    }
+}
+
+fn finish(line: Vec<u8>) -> Read1 {
+    match String::from_utf8(line) {
+        Ok(l) => Read1::Line(l),
+        Err(_) => Read1::Refuse("the request is not UTF-8".into()),
+    }
+}
+
+/// Answer `error: <why>` (best effort, never blocking the accept loop for long) and close.
+fn refuse(stream: &UnixStream, why: &str) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(200)));
+    let mut s = stream;
+    let _ = s.write_all(format!("error: {why}\n").as_bytes());
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
+/// Answer a complete request on a handler thread, or `error: busy` when every handler is taken.
+fn dispatch(stream: UnixStream, line: String, control: &JobControl, handlers: &mut Vec<JoinHandle<()>>) {
+    handlers.retain(|h| !h.is_finished());
+    if handlers.len() >= MAX_CONNECTIONS {
+        refuse(&stream, "busy: too many admin requests in progress; try again");
+        return;
+    }
+    let control = control.clone();
+    // A thread that cannot start drops the stream: the client sees the connection close.
+    if let Ok(h) = std::thread::Builder::new()
+        .name("cutline-admin-req".into())
+        .spawn(move || handle_connection(stream, &line, &control))
+    {
+        handlers.push(h);
+    }
+}
+
+fn handle_connection(mut stream: UnixStream, line: &str, control: &JobControl) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_write_timeout(Some(ANSWER_WRITE_TIMEOUT));
-    let mut text = match read_request(&mut stream) {
-        Ok(line) => answer(control, &line),
-        Err(e) => format!("error: {e}"),
-    };
+    let mut text = answer(control, line);
     if !text.ends_with('\n') {
         text.push('\n');
     }
     let _ = stream.write_all(text.as_bytes());
     let _ = stream.shutdown(std::net::Shutdown::Both);
 }
-
-/// Read one request line: up to the first newline (or the end of the stream), at most
-/// [`MAX_REQUEST_BYTES`], within [`REQUEST_READ_TIMEOUT`] in total.
-pub(super) fn read_request(stream: &mut UnixStream) -> Result<String, String> {
-    let deadline = Instant::now() + REQUEST_READ_TIMEOUT;
-    let mut buf = Vec::with_capacity(256);
-    let mut chunk = [0u8; 512];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(format!("no complete request line within {} s", REQUEST_READ_TIMEOUT.as_secs()));
-        }
-        let _ = stream.set_read_timeout(Some(left));
-        let n = match stream.read(&mut chunk) {
-            Ok(n) => n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return Err(format!("no complete request line within {} s", REQUEST_READ_TIMEOUT.as_secs()))
-            }
-            Err(e) => return Err(format!("reading the request: {e}")),
-        };
-        let end = chunk[..n].iter().position(|b| *b == b'\n');
-        buf.extend_from_slice(&chunk[..end.map(|p| p + 1).unwrap_or(n)]);
-        if buf.len() > MAX_REQUEST_BYTES {
-            return Err(format!("request longer than {MAX_REQUEST_BYTES} bytes"));
-        }
-        if end.is_some() || n == 0 {
-            break;
-        }
-    }
-    if buf.is_empty() {
-        return Err("empty request: try help".into());
-    }
-    String::from_utf8(buf).map_err(|_| "the request is not UTF-8".to_string())
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Client.

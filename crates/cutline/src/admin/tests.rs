@@ -1,4 +1,3 @@
-use super::server::read_request;
 use super::*;
 use crate::runtime::JobMetrics;
 use cutline_core::barrier::CheckpointMode;
@@ -114,8 +113,12 @@ fn set_changes_only_the_named_keys_and_refuses_invalid_combinations() {
     assert_eq!(new.timeout_ms, current.timeout_ms);
     let e = apply_settings(&new, &set("set mode=at-least-once").unwrap()).unwrap_err();
     assert!(e.contains("exactly-once"), "{e}");
-    let e = apply_settings(&current, &set("set max-concurrent=0").unwrap()).unwrap_err();
-    assert!(e.contains("at least 1"), "{e}");
+    // max-concurrent out of range is refused by the job's own check (regression: 4294967296 was taken).
+    for n in [0usize, 17, 1 << 32] {
+        let e = apply_settings(&current, &set(&format!("set max-concurrent={n}")).unwrap()).unwrap_err();
+        assert_eq!(e, format!("max concurrent checkpoints must be at least 1 and at most 16, not {n}"));
+    }
+    assert_eq!(apply_settings(&current, &set("set max-concurrent=16").unwrap()).unwrap().max_concurrent, 16);
     let e = apply_settings(&current, &set("set interval=0").unwrap()).unwrap_err();
     assert!(e.contains("positive"), "{e}");
 }
@@ -209,7 +212,8 @@ fn ok_and_error_answers_are_told_apart() {
     let server = std::thread::spawn(move || {
         for answer in ["ok checkpoint=3 bytes=10 path=/x y\n", "error: no savepoint now: busy\n", "hello\n"] {
             let (mut s, _) = listener.accept().unwrap();
-            let _ = read_request(&mut s).unwrap();
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(&mut s), &mut line).unwrap();
             s.write_all(answer.as_bytes()).unwrap();
         }
     });
@@ -233,24 +237,131 @@ fn a_missing_socket_means_no_running_job_and_a_long_path_is_refused() {
     assert!(e.to_string().contains("shorter path"));
 }
 
+/// A job's control whose coordinator answers settings and metrics requests (`hung`: never answers).
+fn fake_job(hung: bool) -> (crate::runtime::JobControl, std::thread::JoinHandle<()>) {
+    use crate::runtime::control::Command;
+    let (tx, rx) = crossbeam_channel::unbounded::<Command>();
+    let job = std::thread::spawn(move || {
+        for c in rx {
+            if hung {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+            match c {
+                Command::CheckpointConfig(reply) => drop(reply.send(CheckpointConfig::default())),
+                Command::Metrics(reply) => drop(reply.send(JobMetrics::default())),
+                _ => {}
+            }
+        }
+    });
+    (crate::runtime::JobControl::new(tx), job)
+}
+
+/// Send `bytes` on a new connection and read the whole answer.
+fn raw_request(sock: &std::path::Path, bytes: &[u8]) -> String {
+    let mut c = UnixStream::connect(sock).unwrap();
+    c.write_all(bytes).unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut c, &mut answer).unwrap();
+    answer
+}
+
 #[test]
 fn a_request_line_is_limited_and_must_arrive() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("r.sock");
-    let listener = UnixListener::bind(&sock).unwrap();
-    let s2 = sock.clone();
-    let client = std::thread::spawn(move || {
-        let mut c = UnixStream::connect(&s2).unwrap();
-        c.write_all(&vec![b'x'; MAX_REQUEST_BYTES + 10]).unwrap();
-        let silent = UnixStream::connect(&s2).unwrap();
-        std::thread::sleep(REQUEST_READ_TIMEOUT + Duration::from_millis(500));
-        drop(silent);
-    });
-    let (mut a, _) = listener.accept().unwrap();
-    assert!(read_request(&mut a).unwrap_err().contains("longer than"));
-    let (mut b, _) = listener.accept().unwrap();
+    let (control, _job) = fake_job(false);
+    let _server = serve(control, &sock).unwrap();
+    assert!(raw_request(&sock, &vec![b'x'; MAX_REQUEST_BYTES + 10]).contains("longer than"));
+    // Silent: refused once the first byte is overdue.
     let t = Instant::now();
-    assert!(read_request(&mut b).unwrap_err().contains("no complete request line"));
+    assert!(raw_request(&sock, b"").contains("no request within"));
+    assert!(t.elapsed() >= FIRST_BYTE_TIMEOUT && t.elapsed() < FIRST_BYTE_TIMEOUT + Duration::from_secs(1));
+    // Trickling: refused once the whole line is overdue.
+    let mut c = UnixStream::connect(&sock).unwrap();
+    let t = Instant::now();
+    c.write_all(b"pi").unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut c, &mut answer).unwrap();
+    assert!(answer.contains("no complete request line"), "{answer}");
     assert!(t.elapsed() < REQUEST_READ_TIMEOUT + Duration::from_secs(1));
-    client.join().unwrap();
+    assert!(raw_request(&sock, b"ping\n").starts_with("ok cutline"));
+}
+
+#[test]
+fn idle_connections_do_not_lock_the_socket_out_regression_eight_idle() {
+    // Eight idle connections held all eight handlers (each for its 2 s read timeout), so every
+    // other request was answered `error: busy`; kept open in turn, they locked the socket out.
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("idle.sock");
+    let (control, _job) = fake_job(false);
+    let _server = serve(control, &sock).unwrap();
+    let idle: Vec<UnixStream> = (0..MAX_WAITING_CONNECTIONS - 1).map(|_| UnixStream::connect(&sock).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let t = Instant::now();
+    for _ in 0..3 * MAX_CONNECTIONS {
+        let a = request(&sock, "ping").unwrap();
+        assert!(a.starts_with("ok cutline"), "{a}");
+    }
+    assert!(t.elapsed() < Duration::from_millis(900), "{:?}", t.elapsed());
+    // More idle ones than may wait: the oldest are pushed out, requests still get through.
+    let more: Vec<UnixStream> = (0..MAX_WAITING_CONNECTIONS).map(|_| UnixStream::connect(&sock).unwrap()).collect();
+    assert!(request(&sock, "ping").unwrap().starts_with("ok cutline"));
+    drop((idle, more));
+}
+
+#[test]
+fn status_of_a_hung_job_fails_in_seconds_regression_600_s() {
+    // `cutline status` against a job whose coordinator did not answer waited up to 600 s, and so did
+    // the handler thread on the job's side.
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("hung.sock");
+    let (control, _job) = fake_job(true);
+    let _server = serve(control, &sock).unwrap();
+    let t = Instant::now();
+    let a = request(&sock, "status").unwrap();
+    assert!(a.starts_with("error:") && a.contains("did not answer within"), "{a}");
+    assert!(t.elapsed() < crate::runtime::CONTROL_ANSWER_TIMEOUT + Duration::from_secs(2), "{:?}", t.elapsed());
+    // A server that accepts and never answers (a job suspended with SIGSTOP): the client gives up.
+    let stopped = dir.path().join("stopped.sock");
+    let _listener = UnixListener::bind(&stopped).unwrap();
+    let t = Instant::now();
+    let e = request(&stopped, "status").unwrap_err();
+    assert!(matches!(e, AdminError::Timeout { .. }) && e.to_string().contains("hung or stopped"), "{e}");
+    assert!(t.elapsed() < QUICK_ANSWER_TIMEOUT + Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(answer_timeout("savepoint to=/x"), DEFAULT_ANSWER_TIMEOUT);
+    assert_eq!(answer_timeout("status"), QUICK_ANSWER_TIMEOUT);
+}
+
+#[test]
+fn the_socket_is_owner_only_and_other_users_are_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    assert!(super::peer::allowed(1000, 1000) && super::peer::allowed(0, 1000));
+    assert!(!super::peer::allowed(1001, 1000));
+    // Under /tmp, not $TMPDIR (which may be private), so that another user can reach the directory.
+    let dir = tempfile::Builder::new().prefix("cutline-admin-").tempdir_in("/tmp").unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = dir.path().join("admin.sock");
+    let (control, _job) = fake_job(false);
+    let _server = serve(control, &sock).unwrap();
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the socket file is owner-only");
+    assert_eq!(super::peer::peer_uid(&UnixStream::connect(&sock).unwrap()).unwrap(), super::peer::own_uid());
+    assert!(request(&sock, "ping").unwrap().starts_with("ok"), "the owner gets in");
+    if super::peer::own_uid() != 0 {
+        eprintln!("the other-user half of this test needs root (it connects as user nobody)");
+        return;
+    }
+    // Another user: the file's mode keeps it out...
+    let as_nobody = |sock: &std::path::Path| {
+        use std::os::unix::process::CommandExt;
+        let script = "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ntry:\n s.connect(sys.argv[1])\nexcept OSError as e:\n print('connect:', e.strerror); sys.exit()\ns.sendall(b'ping\\n')\nprint(s.recv(4096).decode())";
+        let out = std::process::Command::new("python3").args(["-c", script]).arg(sock).uid(65534).gid(65534).output();
+        String::from_utf8_lossy(&out.expect("python3 runs as nobody").stdout).into_owned()
+    };
+    let out = as_nobody(&sock);
+    assert!(out.contains("connect: Permission denied"), "{out}");
+    // ...and were the mode opened, the peer check still would.
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = as_nobody(&sock);
+    assert!(out.contains("error: user 65534 may not control this job"), "{out}");
 }

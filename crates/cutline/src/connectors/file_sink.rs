@@ -2,8 +2,16 @@
 //! `DIR/.pending/`, which is fsynced at the barrier and published (hard link, never replacing a file)
 //! as `DIR/part-<uid>-<subtask>-<checkpoint>` when the checkpoint completes. Readers of `DIR` see only
 //! committed files.
+//!
+//! A transaction's file is known by its name and its content: the length and CRC-32 recorded when it
+//! was prepared ([`FileIdentity::Content`]). A commit that finds its name taken by a file of that
+//! content is done already (after a crash, or in a copy of the directory: `cp -a`, a backup restored,
+//! a move to another disk); a file of other content is another run's, and the commit fails
+//! permanently naming both. Checkpoints of older versions recorded device and inode instead
+//! ([`FileIdentity::DevIno`]), which a copy changes; they still decode and commit where nothing moved.
 
 use super::sink::{of_a_newer_generation, Sink, SinkContext};
+use crate::error::Permanent;
 use cutline_core::CheckpointId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -19,9 +27,17 @@ pub struct TransactionalFileSink<T> {
     dir: PathBuf,
     format: FormatFn<T>,
     ctx: Option<SinkContext>,
-    open: Option<(String, BufWriter<File>)>,
+    open: Option<OpenFile>,
     seq: u64,
     line: Vec<u8>,
+}
+
+/// The open transaction: its pending file, and the length and checksum of what was written to it.
+struct OpenFile {
+    name: String,
+    writer: BufWriter<File>,
+    len: u64,
+    crc: crc32fast::Hasher,
 }
 
 /// A prepared file of a [`TransactionalFileSink`].
@@ -29,9 +45,33 @@ pub struct TransactionalFileSink<T> {
 pub struct PendingFile {
     pub pending: String,
     pub final_name: String,
-    /// (device, inode) of the prepared file: a link or rename keeps it, so a commit can tell its own
-    /// committed file from another run's file of the same name.
-    pub file_id: Option<(u64, u64)>,
+    /// What the file holds, so a commit can tell its own committed file (or a copy of it) from
+    /// another run's file of the same name.
+    pub identity: FileIdentity,
+}
+
+/// How a commit recognises a transaction's file. Encoded where older versions had
+/// `Option<(device, inode)>` (postcard: the same tags), so their checkpoints still decode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileIdentity {
+    /// Nothing recorded (older versions on platforms without inodes): a file of the name is taken
+    /// for the transaction's.
+    Unknown,
+    /// (device, inode) of the prepared file, as older versions recorded it: a link keeps it, a copy
+    /// of the directory does not.
+    DevIno(u64, u64),
+    /// The length and CRC-32 of the file's bytes, recorded at prepare.
+    Content { len: u64, crc32: u32 },
+}
+
+impl std::fmt::Display for FileIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FileIdentity::Unknown => f.write_str("unknown content"),
+            FileIdentity::DevIno(d, i) => write!(f, "device {d} inode {i}"),
+            FileIdentity::Content { len, crc32 } => write!(f, "{len} bytes, CRC-32 {crc32:08x}"),
+        }
+    }
 }
 
 pub(crate) const PENDING_DIR: &str = ".pending";
@@ -107,6 +147,55 @@ fn file_id(_p: &Path) -> Option<(u64, u64)> {
     None
 }
 
+/// The [`FileIdentity::Content`] of the file at `p`.
+fn content_of(p: &Path) -> Result<FileIdentity, String> {
+    let mut f = File::open(p).map_err(|e| io_err("cannot read", p, e))?;
+    let mut crc = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut len = 0u64;
+    loop {
+        let n = std::io::Read::read(&mut f, &mut buf).map_err(|e| io_err("cannot read", p, e))?;
+        if n == 0 {
+            break;
+        }
+        crc.update(&buf[..n]);
+        len += n as u64;
+    }
+    Ok(FileIdentity::Content { len, crc32: crc.finalize() })
+}
+
+/// Is the file at `to` the one the transaction `c` prepared (or a copy of it)? `Err` says what it is
+/// instead.
+fn is_transactions_file(c: &PendingFile, to: &Path) -> Result<Result<(), FileIdentity>, String> {
+    match c.identity {
+        FileIdentity::Unknown => Ok(Ok(())),
+        FileIdentity::DevIno(d, i) => match file_id(to) {
+            Some(found) if found == (d, i) => Ok(Ok(())),
+            Some((fd, fi)) => Ok(Err(FileIdentity::DevIno(fd, fi))),
+            None => Ok(Err(FileIdentity::Unknown)),
+        },
+        FileIdentity::Content { .. } => {
+            let found = content_of(to)?;
+            Ok(if found == c.identity { Ok(()) } else { Err(found) })
+        }
+    }
+}
+
+/// The error of a commit that found another file under its transaction's name.
+fn another_runs_file(c: &PendingFile, to: &Path, found: FileIdentity) -> String {
+    let advice = match c.identity {
+        FileIdentity::DevIno(..) => "; the checkpoint was written by an older cutline that knew files by device and inode, which copying or restoring the output directory changes: if it was copied, resume from the original directory once, or start on a fresh output and state directory",
+        _ => "; use one output directory per job, or a fresh output directory",
+    };
+    Permanent(format!(
+        "{} is another run's file: it holds {found}, and transaction {} wrote {}{advice}",
+        to.display(),
+        c.pending,
+        c.identity
+    ))
+    .into()
+}
+
 /// Are `a` and `b` the same file (two links to one inode)?
 #[cfg(unix)]
 fn same_file(a: &Path, b: &Path) -> bool {
@@ -163,29 +252,32 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
                 .create_new(true)
                 .open(&path)
                 .map_err(|e| io_err("cannot create", &path, e))?;
-            self.open = Some((name, BufWriter::with_capacity(1 << 16, f)));
+            let writer = BufWriter::with_capacity(1 << 16, f);
+            self.open = Some(OpenFile { name, writer, len: 0, crc: crc32fast::Hasher::new() });
         }
         self.line.clear();
         (self.format)(&item, &mut self.line);
         self.line.push(b'\n');
-        let (_, w) = self.open.as_mut().expect("just opened");
-        w.write_all(&self.line).map_err(|e| format!("writing pending output: {e}"))
+        let o = self.open.as_mut().expect("just opened");
+        o.writer.write_all(&self.line).map_err(|e| format!("writing pending output: {e}"))?;
+        o.len += self.line.len() as u64;
+        o.crc.update(&self.line);
+        Ok(())
     }
 
     fn prepare(&mut self, checkpoint: CheckpointId) -> Result<Option<PendingFile>, String> {
-        let Some((name, w)) = self.open.take() else {
+        let Some(o) = self.open.take() else {
             return Ok(None);
         };
-        let f = w.into_inner().map_err(|e| format!("flushing pending output: {e}"))?;
+        let f = o.writer.into_inner().map_err(|e| format!("flushing pending output: {e}"))?;
         f.sync_all().map_err(|e| format!("fsync of pending output: {e}"))?;
         // The file's directory entry must survive a power loss too: the checkpoint will refer to it.
         fsync_dir(&self.pending_dir())?;
         let c = self.ctx.as_ref().expect("opened");
-        let file_id = file_id(&self.pending_dir().join(&name));
         Ok(Some(PendingFile {
-            pending: name,
+            pending: o.name,
             final_name: format!("part-{}-{}-{:012}", c.uid, c.subtask, checkpoint.0),
-            file_id,
+            identity: FileIdentity::Content { len: o.len, crc32: o.crc.finalize() },
         }))
     }
 
@@ -200,31 +292,33 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
             match publish_no_replace(&from, &to) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    // A commit interrupted between the link and the unlink (or a copy of the
+                    // directory made then): finish it, if the file is this transaction's.
                     if !same_file(&from, &to) {
-                        return Err(format!(
-                            "{} already exists and is not this job's transaction {}: the output directory holds another run's output; use a fresh output directory",
-                            to.display(),
-                            c.pending
-                        ));
+                        // The pending file is there to compare with, whatever the checkpoint recorded.
+                        let mine = match c.identity {
+                            FileIdentity::Content { .. } => c.identity,
+                            _ => content_of(&from)?,
+                        };
+                        let found = content_of(&to)?;
+                        if found != mine {
+                            return Err(another_runs_file(&PendingFile { identity: mine, ..c.clone() }, &to, found));
+                        }
                     }
-                    // A commit interrupted between the link and the unlink: finish it.
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && to.exists() => {
-                    // Committed before, if `to` is this transaction's file and not another run's.
-                    if c.file_id.is_some() && file_id(&to) != c.file_id {
-                        return Err(format!(
-                            "the pending file of transaction {} is gone and {} is another file: another run shares the output directory; use one output directory per job",
-                            c.pending,
-                            to.display()
-                        ));
+                    // Committed before, if `to` is this transaction's file (or a copy) and not another run's.
+                    if let Err(found) = is_transactions_file(c, &to)? {
+                        return Err(another_runs_file(c, &to, found));
                     }
                     continue;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(format!(
+                    return Err(Permanent(format!(
                         "committed output {} and its pending file are both gone: part-* files must not be moved or deleted while the job can still restore a checkpoint that lists them ({e})",
                         to.display()
                     ))
+                    .into())
                 }
                 Err(e) => return Err(io_err("cannot commit", &from, e)),
             }
@@ -238,8 +332,8 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
     }
 
     fn abort(&mut self) {
-        if let Some((name, _)) = self.open.take() {
-            let _ = fs::remove_file(self.pending_dir().join(name));
+        if let Some(o) = self.open.take() {
+            let _ = fs::remove_file(self.pending_dir().join(o.name));
         }
     }
 
@@ -339,7 +433,7 @@ mod tests {
         let ghost = PendingFile {
             pending: "out@0@j1@1-0.pending".into(),
             final_name: "part-out-0-000000000001".into(),
-            file_id: None,
+            identity: FileIdentity::Unknown,
         };
         assert!(s.commit(&[ghost]).is_err());
     }
@@ -355,8 +449,89 @@ mod tests {
         s.write("second run".into()).unwrap();
         let c = s.prepare(CheckpointId(1)).unwrap().unwrap();
         let err = s.commit(&[c]).expect_err("must not replace committed output");
-        assert!(err.contains("another run's output"), "{err}");
+        assert!(err.contains("another run's file"), "{err}");
         assert_eq!(std::fs::read_to_string(dir.path().join("part-out-0-000000000001")).unwrap(), "first run\n");
+    }
+
+    /// `cp -a SRC DST` as far as the sink can tell: the same names and bytes, new inodes.
+    fn copy_dir(src: &Path, dst: &Path) {
+        std::fs::create_dir_all(dst).unwrap();
+        for e in std::fs::read_dir(src).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                copy_dir(&e.path(), &dst.join(e.file_name()));
+            } else {
+                std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn a_copied_output_directory_resumes_regression_dev_ino() {
+        // Committed files were known by (device, inode): in a copy of the output directory (cp -a, a
+        // backup restored, a move to another disk) every recovery commit took its own file for
+        // "another run's" and the job could not resume.
+        let dir = tempfile::tempdir().unwrap();
+        let (orig, copy) = (dir.path().join("orig"), dir.path().join("copy"));
+        let mut s = line_sink(&orig);
+        s.open(&ctx("out", 0, 1)).unwrap();
+        s.write("a".into()).unwrap();
+        let c1 = s.prepare(CheckpointId(1)).unwrap().unwrap();
+        s.commit(std::slice::from_ref(&c1)).unwrap(); // committed: the pending name is gone
+        s.write("b".into()).unwrap();
+        let c2 = s.prepare(CheckpointId(2)).unwrap().unwrap();
+        // A crash between the link and the unlink of c2's commit.
+        std::fs::hard_link(orig.join(PENDING_DIR).join(&c2.pending), orig.join(&c2.final_name)).unwrap();
+        copy_dir(&orig, &copy);
+        let mut r = line_sink(&copy);
+        r.open(&ctx("out", 0, 2)).unwrap();
+        r.recover(&[c1.clone(), c2.clone()]).expect("the copy's files are the transactions' own");
+        r.commit(&[c1, c2]).expect("and committing them again is a no-op");
+        assert_eq!(std::fs::read_to_string(copy.join("part-out-0-000000000001")).unwrap(), "a\n");
+        assert_eq!(std::fs::read_to_string(copy.join("part-out-0-000000000002")).unwrap(), "b\n");
+        let pending: Vec<_> = std::fs::read_dir(copy.join(PENDING_DIR)).unwrap().collect();
+        assert!(pending.is_empty(), "{pending:?}");
+    }
+
+    #[test]
+    fn a_committed_name_with_other_content_is_another_runs_file_named_with_both_identities() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = line_sink(dir.path());
+        s.open(&ctx("out", 0, 1)).unwrap();
+        s.write("mine".into()).unwrap();
+        let c = s.prepare(CheckpointId(3)).unwrap().unwrap();
+        assert_eq!(c.identity, FileIdentity::Content { len: 5, crc32: crc32fast::hash(b"mine\n") });
+        s.commit(std::slice::from_ref(&c)).unwrap();
+        // Another run's file of the same name (the pending file is gone: committed before).
+        std::fs::write(dir.path().join(&c.final_name), "theirs!\n").unwrap();
+        let err = s.commit(std::slice::from_ref(&c)).expect_err("not this transaction's file");
+        assert!(crate::error::is_permanent(&err), "{err}");
+        let theirs = format!("8 bytes, CRC-32 {:08x}", crc32fast::hash(b"theirs!\n"));
+        let mine = format!("5 bytes, CRC-32 {:08x}", crc32fast::hash(b"mine\n"));
+        assert!(err.contains("another run's file") && err.contains(&theirs) && err.contains(&mine), "{err}");
+    }
+
+    #[test]
+    fn committables_of_older_versions_still_decode() {
+        #[derive(Serialize)]
+        struct OldPendingFile {
+            pending: String,
+            final_name: String,
+            file_id: Option<(u64, u64)>,
+        }
+        let old = |file_id| OldPendingFile { pending: "p".into(), final_name: "f".into(), file_id };
+        let decoded: PendingFile = postcard::from_bytes(&postcard::to_allocvec(&old(Some((7, 42)))).unwrap()).unwrap();
+        assert_eq!(decoded.identity, FileIdentity::DevIno(7, 42));
+        assert_eq!((decoded.pending.as_str(), decoded.final_name.as_str()), ("p", "f"));
+        let decoded: PendingFile = postcard::from_bytes(&postcard::to_allocvec(&old(None)).unwrap()).unwrap();
+        assert_eq!(decoded.identity, FileIdentity::Unknown);
+        // And in the sink's state, a map from checkpoint to committable.
+        let map: std::collections::BTreeMap<CheckpointId, OldPendingFile> =
+            [(CheckpointId(5), old(Some((1, 2)))), (CheckpointId(6), old(None))].into_iter().collect();
+        let decoded: std::collections::BTreeMap<CheckpointId, PendingFile> =
+            postcard::from_bytes(&postcard::to_allocvec(&map).unwrap()).unwrap();
+        assert_eq!(decoded[&CheckpointId(5)].identity, FileIdentity::DevIno(1, 2));
+        assert_eq!(decoded[&CheckpointId(6)].identity, FileIdentity::Unknown);
     }
 
     #[test]

@@ -14,7 +14,7 @@ mod simple;
 mod sink;
 mod source;
 
-pub use file_sink::{PendingFile, TransactionalFileSink};
+pub use file_sink::{FileIdentity, PendingFile, TransactionalFileSink};
 pub use generator::GeneratorSource;
 pub use line_file::{LineFileSource, LineOffset, MAX_LINE_BYTES};
 pub use memory::{MemoryTxnSink, MemoryTxnStore};

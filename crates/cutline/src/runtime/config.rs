@@ -47,6 +47,11 @@ pub struct RunConfig {
     pub from_savepoint: Option<PathBuf>,
     /// Where savepoints go when a request names no directory: `<dir>/sp-<checkpoint>`.
     pub savepoint_dir: Option<PathBuf>,
+    /// The same failure this many times in a row, each time after restoring the same checkpoint,
+    /// ends the run whatever `restart` allows (default 3,
+    /// [`MAX_REPEATED_FAILURES`](cutline_core::lifecycle::MAX_REPEATED_FAILURES)); `None` leaves it
+    /// to `restart` alone (for harnesses that inject the same failure at random).
+    pub max_repeated_failures: Option<u32>,
 }
 
 /// Default of [`RunConfig::max_channel_state_bytes`].
@@ -69,6 +74,7 @@ impl RunConfig {
             max_channel_state_bytes: DEFAULT_MAX_CHANNEL_STATE_BYTES,
             from_savepoint: None,
             savepoint_dir: None,
+            max_repeated_failures: Some(cutline_core::lifecycle::MAX_REPEATED_FAILURES),
         }
     }
 

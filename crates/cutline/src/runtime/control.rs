@@ -12,6 +12,7 @@ use crossbeam_channel::{Receiver, Sender};
 use cutline_core::coordinator::CheckpointConfig;
 use std::path::PathBuf;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// A request to a running job (see [`JobHandle`]).
 pub(crate) enum Command {
@@ -28,6 +29,8 @@ pub(crate) enum Command {
 pub(crate) type ConfigEdit = Box<dyn FnOnce(&mut CheckpointConfig) -> Result<(), String> + Send>;
 
 /// A cloneable remote control of a running job: change settings, take savepoints, read metrics, stop.
+/// Every request but a savepoint is answered within [`CONTROL_ANSWER_TIMEOUT`], or fails saying the
+/// job did not answer; a savepoint request waits until the savepoint is exported or failed.
 #[derive(Clone)]
 pub struct JobControl {
     commands: Sender<Command>,
@@ -35,6 +38,22 @@ pub struct JobControl {
 
 fn ended<T>(_: T) -> String {
     "the job has ended".to_string()
+}
+
+/// How long a request other than a savepoint waits for the job's coordinator to answer. It answers
+/// between two events, within milliseconds, unless it is stuck (in a storage call that hangs, say):
+/// then the caller hears so instead of waiting with it.
+pub const CONTROL_ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The answer to a request, within [`CONTROL_ANSWER_TIMEOUT`].
+fn answer<T>(rx: &Receiver<T>, what: &str) -> Result<T, String> {
+    rx.recv_timeout(CONTROL_ANSWER_TIMEOUT).map_err(|e| match e {
+        crossbeam_channel::RecvTimeoutError::Disconnected => "the job has ended".to_string(),
+        crossbeam_channel::RecvTimeoutError::Timeout => format!(
+            "the job did not answer within {} s: its coordinator is busy or stuck{what}; try again",
+            CONTROL_ANSWER_TIMEOUT.as_secs()
+        ),
+    })
 }
 
 impl JobControl {
@@ -48,7 +67,7 @@ impl JobControl {
     pub fn set_checkpoint_config(&self, config: CheckpointConfig) -> Result<(), String> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.commands.send(Command::SetCheckpointConfig(config, tx)).map_err(ended)?;
-        rx.recv().map_err(ended)?
+        answer(&rx, " (the new settings may still apply: read them back)")?
     }
 
     /// Change some checkpoint settings atomically: `edit` gets the settings in force and changes what
@@ -60,14 +79,14 @@ impl JobControl {
     ) -> Result<CheckpointConfig, String> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.commands.send(Command::UpdateCheckpointConfig(Box::new(edit), tx)).map_err(ended)?;
-        rx.recv().map_err(ended)?
+        answer(&rx, " (the change may still apply: read the settings back)")?
     }
 
     /// The checkpoint settings in force.
     pub fn checkpoint_config(&self) -> Result<CheckpointConfig, String> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.commands.send(Command::CheckpointConfig(tx)).map_err(ended)?;
-        rx.recv().map_err(ended)
+        answer(&rx, "")
     }
 
     /// Take a savepoint now (always aligned and exactly-once) and export it to `target` (a new or
@@ -94,7 +113,7 @@ impl JobControl {
     pub fn metrics(&self) -> Result<JobMetrics, String> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.commands.send(Command::Metrics(tx)).map_err(ended)?;
-        rx.recv().map_err(ended)
+        answer(&rx, "")
     }
 
     /// Stop the job: every task is torn down without a further checkpoint. Output committed so far

@@ -198,6 +198,13 @@ pub(crate) fn carry_out(
                 *ctx.lease_end = lease_end;
                 own(coord.handle(plane.now(), Event::LeaseExtended { lease_end }, &mut out));
             }
+            Decision::EpochsExhausted { lease_end } => {
+                return Err(RunError::Exhausted {
+                    what: "epoch lease",
+                    value: lease_end.0,
+                    store: ctx.store.describe(),
+                })
+            }
             Decision::Trigger { barrier } => {
                 if barrier.kind.is_savepoint() {
                     let stop = barrier.kind == SnapshotKind::StopSavepoint;

@@ -22,7 +22,7 @@ pub enum RunError {
     #[error("cannot restore checkpoint {checkpoint}: {reason}")]
     Restore { checkpoint: CheckpointId, reason: String },
     #[error(
-        "the job failed and the restart strategy gave up after {attempts} restart(s); last failure: {last}{}",
+        "the job failed and is not restarted again after {attempts} restart(s); last failure: {last}{}",
         repeats(*repeated, *restored)
     )]
     GaveUp {

@@ -75,7 +75,7 @@ pub(crate) struct Driven {
 pub(crate) fn drive(graph: &JobGraph, cfg: &RunConfig, host: &mut dyn LifeHost) -> Option<Driven> {
     let store = &*cfg.store;
     let fp = cfg.job_fingerprint.as_str();
-    let mut life = RunLifecycle::new(cfg.restart.clone());
+    let mut life = RunLifecycle::new(cfg.restart.clone()).with_repeat_limit(cfg.max_repeated_failures);
     let mut step: Step<RunError> = life.start();
     let mut index: Option<RestoreIndex> = None;
     let mut found_job: Option<String> = None;

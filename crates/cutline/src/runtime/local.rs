@@ -227,7 +227,9 @@ impl Backend for LocalBackend {
             Err(TaskError::State { uid: "(deploy)".into(), message: format!("panicked: {}", panic_message(&*p)) })
         }) {
             Ok(d) => d,
-            Err(e @ TaskError::State { .. }) => return Err(DeployError::Permanent(e)),
+            // State that does not fit the job, an input that changed since the checkpoint: retrying
+            // opens the same thing again.
+            Err(e) if e.is_permanent() => return Err(DeployError::Permanent(e)),
             Err(e) => return Err(DeployError::Retry(e.to_string())),
         };
         let (names, sources) = graph.task_names_and_sources();

@@ -9,7 +9,7 @@
 //! simulation drive the same code through the `Backend` and `ControlPlane` seams.
 
 mod config;
-mod control;
+pub(crate) mod control;
 pub(crate) mod deploy;
 pub(crate) mod driver;
 mod error;
@@ -25,7 +25,7 @@ pub use config::{
     RunConfig, DEFAULT_CHANNEL_CAPACITY, DEFAULT_MAX_CHANNEL_STATE_BYTES, DEFAULT_RETAINED_CHECKPOINTS,
     DEFAULT_TICK_MS, SNAPSHOT_QUEUE_CAPACITY,
 };
-pub use control::{run, spawn, JobControl, JobHandle};
+pub use control::{run, spawn, JobControl, JobHandle, CONTROL_ANSWER_TIMEOUT};
 pub use driver::{FailedCheckpoint, FAILED_CHECKPOINTS_KEPT};
 pub use error::RunError;
 pub use report::{AckReport, CheckpointSummary, JobMetrics, JobReport, TaskReport, METRICS_CHECKPOINTS};

@@ -143,6 +143,10 @@ impl LifeHost for RunHost<'_> {
                         DeployError::Permanent(e) => DeployFailure { error: RunError::Deploy(e), permanent: true },
                         // A process of the cluster cannot run this job at all.
                         DeployError::Refused(e) => DeployFailure { error: RunError::Permanent(e), permanent: true },
+                        // A worker's deployment refused for a permanent reason (its message is marked).
+                        DeployError::Retry(e) if crate::error::is_permanent(&e) => {
+                            DeployFailure { error: RunError::Permanent(e), permanent: true }
+                        }
                         // A source or sink failed to open or recover, a worker was lost: a failure like any other.
                         DeployError::Retry(e) => DeployFailure { error: RunError::Internal(e), permanent: false },
                     });
@@ -193,6 +197,7 @@ impl LifeHost for RunHost<'_> {
             Err(e) => GenerationEnd::Error(e),
             Ok(GenerationOutcome::Finished(c)) => GenerationEnd::Finished(c),
             Ok(GenerationOutcome::FailedOver(reason)) => GenerationEnd::FailedOver { reason, permanent: false },
+            Ok(GenerationOutcome::FailedPermanently(reason)) => GenerationEnd::FailedOver { reason, permanent: true },
             Ok(GenerationOutcome::Stopped) => GenerationEnd::Stopped,
             Ok(GenerationOutcome::StoppedWithSavepoint(info)) => {
                 self.report.stopped_with_savepoint = Some(info);
@@ -247,6 +252,8 @@ fn wait_answering(commands: &Receiver<Command>, delay: Duration, current: &Check
 enum GenerationOutcome {
     Finished(CheckpointId),
     FailedOver(String),
+    /// A task failed in a way restarting cannot mend (see [`crate::error::Permanent`]).
+    FailedPermanently(String),
     Stopped,
     StoppedWithSavepoint(SavepointInfo),
 }
@@ -292,6 +299,8 @@ fn run_generation(
     let mut next_tick = Instant::now() + tick;
     let mut out = Vec::new();
     let mut cmd_rx = commands.clone();
+    // The first task failure of this generation marked permanent: the failover it causes ends the run.
+    let mut permanent: Option<String> = None;
     let outcome = loop {
         // Ticks come every `tick` whether or not events keep arriving.
         crossbeam_channel::select! {
@@ -304,10 +313,15 @@ fn run_generation(
                     Ok(RtEvent::Batch { worker, events }) => events.into_iter().find_map(|e| {
                         plane.backend.check_origin(worker, &e).and_then(|()| coord.handle(now, e, &mut out)).err()
                     }).map(|v| plane.backend.refuse(Some(worker), v)),
-                    Ok(RtEvent::Failed { generation: g, task, error }) => coord
-                        .handle(now, Event::TaskFailed { generation: g, task, reason: error }, &mut out)
-                        .err()
-                        .map(|v| plane.backend.refuse(None, v)),
+                    Ok(RtEvent::Failed { generation: g, task, error }) => {
+                        if g == generation && permanent.is_none() && crate::error::is_permanent(&error) {
+                            permanent = Some(format!("{task} failed: {error}"));
+                        }
+                        coord
+                            .handle(now, Event::TaskFailed { generation: g, task, reason: error }, &mut out)
+                            .err()
+                            .map(|v| plane.backend.refuse(None, v))
+                    }
                     Err(_) => None,
                 };
                 if let Some(reason) = refused {
@@ -391,11 +405,16 @@ fn run_generation(
             }
         }
     };
+    let outcome = match (outcome, permanent) {
+        (GenerationOutcome::FailedOver(_), Some(reason)) => GenerationOutcome::FailedPermanently(reason),
+        (outcome, _) => outcome,
+    };
     if let Some(sp) = savepoint.take_if(|sp| !matches!(outcome, GenerationOutcome::FailedOver(_)) || sp.done.is_none())
     {
         if sp.done.is_none() {
             let _ = sp.reply.send(Err(match &outcome {
                 GenerationOutcome::FailedOver(r) => format!("the job failed over before the savepoint completed ({r}); it keeps running from its latest checkpoint"),
+                GenerationOutcome::FailedPermanently(r) => format!("the job failed before the savepoint completed, and cannot recover by restarting: {r}"),
                 _ => "the job ended before the savepoint completed".into(),
             }));
         }

@@ -322,6 +322,9 @@ impl Sim {
         cfg.faults = faults;
         // The simulation never gives up: every failure is followed by a restart.
         cfg.restart = RestartStrategy::FixedDelay { delay_ms: 1 + self.rand(5), max_attempts: u32::MAX };
+        // Its crashes are random, and often the same crash after the same checkpoint: not a failure
+        // that repeats at the same input.
+        cfg.max_repeated_failures = None;
         let graph = self.graph.clone();
         let mut host = SimHost { sim: self, cfg: &cfg, coordinator: None, tasks: None, died: None };
         let driven = drive(&graph, &cfg, &mut host);
