@@ -80,9 +80,9 @@ impl Clone for TallySink {
 impl Sink<(u64, u64, u64)> for TallySink {
     type Committable = Tally;
 
-    fn open(&mut self, ctx: &SinkContext) -> Result<(), String> {
+    fn open(&mut self, ctx: &SinkContext) -> cutline::ConnectorResult<()> {
         if self.keys > BENCH_MAX_KEYS {
-            return Err(format!("the tally keeps at most {BENCH_MAX_KEYS} keys, not {}", self.keys));
+            return Err(format!("the tally keeps at most {BENCH_MAX_KEYS} keys, not {}", self.keys).into());
         }
         std::fs::create_dir_all(&self.dir).map_err(|e| format!("tally directory {}: {e}", self.dir.display()))?;
         (self.subtask, self.incarnation) = (ctx.subtask, ctx.incarnation);
@@ -90,7 +90,7 @@ impl Sink<(u64, u64, u64)> for TallySink {
         Ok(())
     }
 
-    fn recover(&mut self, to_commit: &[Tally]) -> Result<(), String> {
+    fn recover(&mut self, to_commit: &[Tally]) -> cutline::ConnectorResult<()> {
         self.commit(to_commit)?;
         if let Some(t) = to_commit.iter().max_by_key(|t| t.checkpoint) {
             (self.records, self.restored) = (t.records, true);
@@ -99,7 +99,7 @@ impl Sink<(u64, u64, u64)> for TallySink {
     }
 
     #[inline]
-    fn write(&mut self, (key, count, sum): (u64, u64, u64)) -> Result<(), String> {
+    fn write(&mut self, (key, count, sum): (u64, u64, u64)) -> cutline::ConnectorResult<()> {
         self.records += 1;
         // A key's updates come from one aggregate subtask, in order: the last one is the latest.
         match self.latest.get_mut(key as usize) {
@@ -107,11 +107,11 @@ impl Sink<(u64, u64, u64)> for TallySink {
                 *slot = (count, sum);
                 Ok(())
             }
-            None => Err(out_of_range(key, self.keys)),
+            None => Err(out_of_range(key, self.keys).into()),
         }
     }
 
-    fn prepare(&mut self, checkpoint: CheckpointId) -> Result<Option<Tally>, String> {
+    fn prepare(&mut self, checkpoint: CheckpointId) -> cutline::ConnectorResult<Option<Tally>> {
         // Once per checkpoint, not per record: a pass over the table (16 bytes a key).
         let (count, sum) =
             self.latest.iter().fold((0u64, 0u64), |(c, s), (kc, ks)| (c.wrapping_add(*kc), s.wrapping_add(*ks)));
@@ -125,7 +125,7 @@ impl Sink<(u64, u64, u64)> for TallySink {
         }))
     }
 
-    fn commit(&mut self, committables: &[Tally]) -> Result<(), String> {
+    fn commit(&mut self, committables: &[Tally]) -> cutline::ConnectorResult<()> {
         // Totals are cumulative: the latest committable says everything.
         let Some(t) = committables.iter().max_by_key(|t| t.checkpoint) else { return Ok(()) };
         if self.written.is_some_and(|w| w >= t.checkpoint) {

@@ -12,38 +12,22 @@
 
 #![cfg(unix)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+mod common;
+
+use common::{count, events, free_port, named, wait_until, Scratch, BIN};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_cutline");
 const SECRET: &str = "cluster-wire-test-secret-0123456789";
 
-struct Scratch {
-    dir: tempfile::TempDir,
-}
-
-impl Scratch {
-    fn new(lines: usize) -> Scratch {
-        let dir = tempfile::tempdir().unwrap();
-        let text: String = (0..lines).map(|i| format!("w{} w{} w{}\n", i % 97, i % 13, i % 7)).collect();
-        std::fs::write(dir.path().join("input.txt"), text).unwrap();
-        std::fs::write(dir.path().join("secret"), SECRET).unwrap();
-        Scratch { dir }
-    }
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
-    }
-    fn log(&self, name: &str) -> Stdio {
-        Stdio::from(std::fs::File::create(self.path(&format!("{name}.log"))).unwrap())
-    }
-    fn log_text(&self, name: &str) -> String {
-        std::fs::read_to_string(self.path(&format!("{name}.log"))).unwrap_or_default()
-    }
-}
-
-fn free_addr() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
+/// A scratch directory with an input of `lines` lines and the cluster's secret.
+fn scratch(name: &str, lines: usize) -> Scratch {
+    let s = Scratch::new(name);
+    let text: String = (0..lines).map(|i| format!("w{} w{} w{}\n", i % 97, i % 13, i % 7)).collect();
+    s.write("input.txt", &text);
+    s.write("secret", SECRET);
+    s
 }
 
 /// Kills its processes when dropped.
@@ -101,24 +85,20 @@ fn wait_exit(c: &mut Child, limit: Duration) -> Option<ExitStatus> {
     None
 }
 
+/// Poll `f` until it holds; panic with `what` after `limit`.
 fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(what, limit, || f().then_some(()))
 }
 
-/// The JSON log lines of event `event`.
-fn events(log: &str, event: &str) -> Vec<String> {
-    let tag = format!("\"event\":\"{event}\"");
-    log.lines().filter(|l| l.contains(&tag)).map(str::to_string).collect()
+/// Whether a process's log has an event `name` whose `field` contains `part`.
+fn has(s: &Scratch, log: &str, name: &str, field: &str, part: &str) -> bool {
+    named(&s.events(log), name).any(|e| e.str(field).is_some_and(|v| v.contains(part)))
 }
 
 #[test]
 fn a_worker_with_the_wrong_secret_exits_at_once_naming_its_secret_file() {
-    let s = Scratch::new(100);
-    let addr = free_addr();
+    let s = scratch("wire", 100);
+    let addr = free_port();
     let mut procs = Procs(vec![coordinator(&s, &addr, 1, &[])]);
     std::fs::write(s.path("wrong.secret"), "not-the-cluster-secret-at-all-000").unwrap();
     let started = Instant::now();
@@ -137,15 +117,15 @@ fn a_worker_with_the_wrong_secret_exits_at_once_naming_its_secret_file() {
     assert!(!log.contains(SECRET) && !log.contains("not-the-cluster-secret"), "no secret is printed: {log}");
     let coord = s.log_text("coordinator");
     wait_for("the coordinator's refusal", Duration::from_secs(5), || {
-        events(&s.log_text("coordinator"), "connection_refused").iter().any(|l| l.contains("wrong cluster secret"))
+        has(&s, "coordinator", "connection_refused", "reason", "wrong cluster secret")
     });
     drop(coord);
 }
 
 #[test]
 fn different_frame_protection_is_refused_at_once_on_both_sides() {
-    let s = Scratch::new(100);
-    let addr = free_addr();
+    let s = scratch("wire", 100);
+    let addr = free_port();
     // On loopback, `auto` does not seal; the worker insists.
     let mut procs = Procs(vec![coordinator(&s, &addr, 1, &[])]);
     procs.0.push(worker(&s, &addr, "worker", &s.path("secret"), &["--frame-protection", "on"]));
@@ -161,13 +141,13 @@ fn different_frame_protection_is_refused_at_once_on_both_sides() {
         "{log}"
     );
     wait_for("the coordinator's refusal", Duration::from_secs(5), || {
-        events(&s.log_text("coordinator"), "connection_refused").iter().any(|l| l.contains("frame protection differs"))
+        has(&s, "coordinator", "connection_refused", "reason", "frame protection differs")
     });
 }
 
 #[test]
 fn a_local_cluster_with_sealed_frames_counts_words_exactly() {
-    let s = Scratch::new(20_000);
+    let s = scratch("wire-sealed", 20_000);
     let text = std::fs::read_to_string(s.path("input.txt")).unwrap();
     let mut cmd = Command::new(BIN);
     cmd.args(["cluster", "--workers", "2", "wordcount", "--input"])
@@ -184,14 +164,16 @@ fn a_local_cluster_with_sealed_frames_counts_words_exactly() {
         .unwrap_or_else(|| panic!("the sealed cluster did not finish: {}", s.log_text("cluster")));
     let log = s.log_text("cluster");
     assert!(st.success(), "{st}: {log}");
-    let joined = events(&log, "joined");
-    assert!(joined.len() >= 2 && joined.iter().all(|l| l.contains("\"sealed\":true")), "{joined:#?}");
+    let all = events(&log);
+    let joined: Vec<_> = named(&all, "joined").collect();
+    assert!(joined.len() >= 2 && joined.iter().all(|e| e.bool("sealed") == Some(true)), "{joined:#?}");
     let problems = cutline_cli::jobs::check_wordcount_output(&text, &s.path("out")).unwrap();
     assert!(problems.is_empty(), "{problems:#?}");
 }
 
-/// A TCP proxy to `to` for one connection: bytes both ways; once the client's side ends, the
-/// coordinator's side is closed `hold` later.
+/// A TCP proxy to `to`: bytes both ways for every connection it accepts; once a client's side ends,
+/// the coordinator's side is closed `hold` later. A client that connects before the coordinator
+/// listens is closed at once and retries (as a worker does), which a new connection serves.
 fn proxy(to: &str, hold: Duration) -> String {
     use std::io::{Read, Write};
     use std::net::{Shutdown, TcpListener, TcpStream};
@@ -199,41 +181,43 @@ fn proxy(to: &str, hold: Duration) -> String {
     let addr = listener.local_addr().unwrap().to_string();
     let to = to.to_string();
     std::thread::spawn(move || {
-        let Ok((client, _)) = listener.accept() else { return };
-        let Ok(server) = TcpStream::connect(&to) else { return };
-        let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-        let (mut s_in, mut c_out) = (server, client);
-        std::thread::spawn(move || {
-            let _ = std::io::copy(&mut s_in, &mut c_out);
-        });
-        let mut buf = [0u8; 64 << 10];
-        loop {
-            match c_in.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if s_out.write_all(&buf[..n]).is_err() {
-                        break;
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = TcpStream::connect(&to) else { continue };
+            let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (mut s_in, mut c_out) = (server, client);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut s_in, &mut c_out);
+            });
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 64 << 10];
+                loop {
+                    match c_in.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if s_out.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
                     }
                 }
-            }
+                std::thread::sleep(hold);
+                let _ = s_out.shutdown(Shutdown::Both);
+            });
         }
-        std::thread::sleep(hold);
-        let _ = s_out.shutdown(Shutdown::Both);
     });
     addr
 }
 
 /// The worker id a worker's log says it joined as.
-fn joined_as(log: &str) -> Option<u32> {
-    let line = events(log, "joined").pop()?;
-    let rest = &line[line.find("\"worker\":")? + "\"worker\":".len()..];
-    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+fn joined_as(log: &str) -> Option<u64> {
+    named(&events(log), "joined").last()?.u64("worker")
 }
 
 #[test]
 fn the_failover_after_a_killed_worker_names_that_worker() {
-    let s = Scratch::new(200_000);
-    let addr = free_addr();
+    let s = scratch("wire-failover", 200_000);
+    let addr = free_port();
     let mut procs = Procs(vec![coordinator(&s, &addr, 2, &["--parallelism", "2", "--line-delay-us", "50"])]);
     procs.0.push(worker(&s, &addr, "worker-a", &s.path("secret"), &[]));
     // Worker b reaches the coordinator through a proxy that keeps the coordinator's side open for
@@ -243,17 +227,16 @@ fn the_failover_after_a_killed_worker_names_that_worker() {
     let via = proxy(&addr, Duration::from_millis(100));
     procs.0.push(worker(&s, &via, "worker-b", &s.path("secret"), &[]));
     wait_for("both workers running their tasks", Duration::from_secs(30), || {
-        ["worker-a", "worker-b"].iter().all(|w| !events(&s.log_text(w), "deployed").is_empty())
+        ["worker-a", "worker-b"].iter().all(|w| count(&s.events(w), "deployed") > 0)
     });
-    wait_for("a checkpoint", Duration::from_secs(30), || {
-        !events(&s.log_text("coordinator"), "checkpoint_complete").is_empty()
-    });
+    wait_for("a checkpoint", Duration::from_secs(30), || count(&s.events("coordinator"), "checkpoint_complete") > 0);
     let victim = joined_as(&s.log_text("worker-b")).expect("worker b logged its id");
     procs.0[2].kill().unwrap();
-    wait_for("the failover", Duration::from_secs(30), || !events(&s.log_text("coordinator"), "failover").is_empty());
-    let failover = events(&s.log_text("coordinator"), "failover").remove(0);
+    wait_for("the failover", Duration::from_secs(30), || count(&s.events("coordinator"), "failover") > 0);
+    let all = s.events("coordinator");
+    let failover = named(&all, "failover").next().unwrap().str("reason").unwrap_or_default().to_string();
     assert!(
-        failover.contains(&format!("\"reason\":\"worker {victim} (")) && failover.contains("lost"),
+        failover.starts_with(&format!("worker {victim} (")) && failover.contains("lost"),
         "the failover names the lost worker {victim}: {failover}"
     );
 }
@@ -268,7 +251,7 @@ fn a_worker_that_builds_another_graph_refuses_the_job_and_the_job_fails_naming_t
     let tally = dir.path().join("tally");
     let graph = move |parallelism: u32| cutline_cli::jobs::keyed_bench(1_000, 10, parallelism, &tally).build().unwrap();
     let store: Arc<dyn CheckpointStore> = Arc::new(LocalDirStore::open(&state).unwrap());
-    let addr = free_addr();
+    let addr = free_port();
     let cluster =
         ClusterConfig::new(&addr, 1, SECRET.as_bytes().to_vec(), vec!["bench".into()], state.display().to_string());
     let started = Instant::now();

@@ -239,7 +239,7 @@ impl Scenario {
     }
     fn fail(&mut self, task: u32) -> &mut Self {
         let g = self.sender();
-        self.feed(Event::TaskFailed { generation: g, task: TaskId(task), reason: "killed".into() })
+        self.feed(Event::TaskFailed { generation: g, task: TaskId(task), reason: "killed".into(), permanent: false })
     }
     fn source_finished(&mut self, task: u32) -> &mut Self {
         let g = self.sender();
@@ -1651,6 +1651,7 @@ impl Model {
                     generation: Generation(self.gen),
                     task: TaskId(task),
                     reason: "killed".into(),
+                    permanent: false,
                 });
             }
             70..=79 => self.manifest_outcome(),
@@ -1750,7 +1751,7 @@ impl Model {
         let ev = match self.rng.below(5) {
             0 => Event::Acked { generation: g, checkpoint: id, task, report: report(g.0, id.0, task.0) },
             1 => Event::Declined { generation: g, checkpoint: id, task, reason: DECLINE_REASON.into() },
-            2 => Event::TaskFailed { generation: g, task, reason: "zombie".into() },
+            2 => Event::TaskFailed { generation: g, task, reason: "zombie".into(), permanent: false },
             3 => Event::SourceFinished { generation: g, task },
             _ => Event::TaskFinished { generation: g, task },
         };

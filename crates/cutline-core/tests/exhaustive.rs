@@ -1013,7 +1013,12 @@ impl World {
             Step::Crash => {
                 self.crashes_left -= 1;
                 self.failing_over = true;
-                let failed = Event::TaskFailed { generation: self.generation, task: OPERATOR, reason: "crash".into() };
+                let failed = Event::TaskFailed {
+                    generation: self.generation,
+                    task: OPERATOR,
+                    reason: "crash".into(),
+                    permanent: false,
+                };
                 let now = self.now();
                 let out =
                     CoordinatorReplica::step(&mut self.coordinator, CoordinatorCall::Handle(now, failed), &model.memo);

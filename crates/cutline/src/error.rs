@@ -6,21 +6,86 @@
 //!
 //! Some failures repeat identically however often the job restarts: a line longer than the source's
 //! limit, an input that was truncated or replaced, an output file that another run wrote. Restarting
-//! only replays the same input into the same failure. A connector says so with [`Permanent`]: its
-//! message (a `String`, as the `Source` and `Sink` contracts return) then carries
-//! [`PERMANENT_MARK`], which the runtime looks for in every task failure, also when it crossed the
-//! network from a worker. A permanent failure ends the run at once with `RunError::Permanent`,
-//! without restarts. The mark is the bridge until the connector traits return a typed error.
+//! only replays the same input into the same failure. A connector says so with
+//! [`ConnectorError::permanent`]; the flag travels with the task failure (also across the network
+//! from a worker), and a permanent failure ends the run at once with `RunError::Permanent`, without
+//! restarts.
+
+/// A source's or sink's failure, and whether restarting the job can mend it.
+///
+/// Most failures are transient (a connection lost, a broker or database that is down): the job
+/// restores from its latest checkpoint and tries again under its restart strategy. Build those from
+/// a message (`"...".into()`, `format!(..).into()`, or `?` on a `String` or an `io::Error`). A
+/// failure that the same input will cause again after every restart is
+/// [`ConnectorError::permanent`]: the run ends at once with the message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ConnectorError {
+    message: String,
+    permanent: bool,
+}
+
+impl ConnectorError {
+    /// A failure that a restart may mend.
+    pub fn transient(message: impl Into<String>) -> ConnectorError {
+        ConnectorError { message: message.into(), permanent: false }
+    }
+    /// A failure that repeats at the same input however often the job restarts.
+    pub fn permanent(message: impl Into<String>) -> ConnectorError {
+        ConnectorError { message: message.into(), permanent: true }
+    }
+    /// Does restarting not help?
+    pub fn is_permanent(&self) -> bool {
+        self.permanent
+    }
+    /// What went wrong, for people.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl From<String> for ConnectorError {
+    fn from(message: String) -> ConnectorError {
+        ConnectorError::transient(message)
+    }
+}
+
+impl From<&str> for ConnectorError {
+    fn from(message: &str) -> ConnectorError {
+        ConnectorError::transient(message)
+    }
+}
+
+impl From<std::io::Error> for ConnectorError {
+    fn from(e: std::io::Error) -> ConnectorError {
+        ConnectorError::transient(e.to_string())
+    }
+}
+
+/// What a source's or sink's methods return.
+pub type ConnectorResult<T> = Result<T, ConnectorError>;
 
 /// Why a task stopped with an error. The task fails and the job restores from its last checkpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
     #[error("a downstream task is gone (the job is being torn down)")]
     Disconnected,
-    #[error("source {uid}: {message}")]
-    Source { uid: String, message: String },
-    #[error("sink {uid}: {message}")]
-    Sink { uid: String, message: String },
+    /// A source failed.
+    #[error("source {uid}: {error}")]
+    Source {
+        /// The source's uid.
+        uid: String,
+        /// What it reported.
+        error: ConnectorError,
+    },
+    /// A sink failed.
+    #[error("sink {uid}: {error}")]
+    Sink {
+        /// The sink's uid.
+        uid: String,
+        /// What it reported.
+        error: ConnectorError,
+    },
     #[error("state of {uid}: {message}")]
     State { uid: String, message: String },
     #[error("cancelled")]
@@ -30,39 +95,15 @@ pub enum TaskError {
 }
 
 impl TaskError {
-    /// Does restarting not help? A source's or sink's failure marked [`Permanent`], or state that does
-    /// not fit the job.
+    /// Does restarting not help? A source's or sink's permanent failure, or state that does not fit
+    /// the job.
     pub fn is_permanent(&self) -> bool {
         match self {
-            TaskError::Source { message, .. } | TaskError::Sink { message, .. } => is_permanent(message),
+            TaskError::Source { error, .. } | TaskError::Sink { error, .. } => error.is_permanent(),
             TaskError::State { .. } => true,
             _ => false,
         }
     }
-}
-
-/// What marks a failure message as permanent (see the module docs). It starts the connector's message.
-pub const PERMANENT_MARK: &str = "[permanent] ";
-
-/// A connector's failure that restarting cannot mend. `String::from(Permanent(msg))` is the message
-/// to return from a `Source` or `Sink` method: `Err(Permanent(format!(...)).into())`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Permanent(pub String);
-
-impl From<Permanent> for String {
-    fn from(p: Permanent) -> String {
-        if p.0.starts_with(PERMANENT_MARK) {
-            p.0
-        } else {
-            format!("{PERMANENT_MARK}{}", p.0)
-        }
-    }
-}
-
-/// Is the failure described by `message` (a connector's message, or a task failure that contains
-/// one) permanent?
-pub fn is_permanent(message: &str) -> bool {
-    message.contains(PERMANENT_MARK)
 }
 
 #[cfg(test)]
@@ -70,14 +111,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_permanent_message_stays_permanent_when_wrapped_and_is_marked_once() {
-        let m: String = Permanent("line 3 is too long".into()).into();
-        assert_eq!(m, "[permanent] line 3 is too long");
-        assert_eq!(String::from(Permanent(m.clone())), m);
-        let e = TaskError::Source { uid: "lines".into(), message: m };
+    fn a_connector_error_says_whether_it_is_permanent_and_shows_its_message() {
+        let e = TaskError::Source { uid: "lines".into(), error: ConnectorError::permanent("line 3 is too long") };
         assert!(e.is_permanent());
-        assert!(is_permanent(&format!("lines#0: {e}")), "a task failure's reason keeps the mark");
-        assert!(!TaskError::Source { uid: "lines".into(), message: "cannot open x".into() }.is_permanent());
+        assert_eq!(e.to_string(), "source lines: line 3 is too long");
+        let t: ConnectorError = format!("cannot open {}", "x").into();
+        assert!(!TaskError::Sink { uid: "out".into(), error: t }.is_permanent());
         assert!(!TaskError::Injected("x".into()).is_permanent());
+        let io: ConnectorError = std::io::Error::other("disk gone").into();
+        assert_eq!((io.message(), io.is_permanent()), ("disk gone", false));
     }
 }

@@ -58,7 +58,7 @@ pub use dataflow::{
     ConnectedStreams, EdgeKind, Either, GraphError, Job, JobGraph, KeyedProcess, KeyedStream, Output, Stream,
     DEFAULT_BATCH_SIZE,
 };
-pub use error::{is_permanent, Permanent, TaskError, PERMANENT_MARK};
+pub use error::{ConnectorError, ConnectorResult, TaskError};
 #[cfg(feature = "testing")]
 pub use fault::{FaultPoint, Faults};
 pub use runtime::{

@@ -32,20 +32,20 @@ impl Clone for Ledger {
 
 impl Sink<String> for Ledger {
     type Committable = (CheckpointId, usize, String);
-    fn open(&mut self, ctx: &SinkContext) -> Result<(), String> {
+    fn open(&mut self, ctx: &SinkContext) -> cutline::ConnectorResult<()> {
         Sink::<String>::open(&mut self.inner, ctx)
     }
-    fn recover(&mut self, to_commit: &[Self::Committable]) -> Result<(), String> {
+    fn recover(&mut self, to_commit: &[Self::Committable]) -> cutline::ConnectorResult<()> {
         let keys: Vec<String> = to_commit.iter().map(|(_, _, k)| k.clone()).collect();
         Sink::<String>::recover(&mut self.inner, &keys)?;
         self.book.lock().unwrap().committed.extend(to_commit.iter().map(|(c, n, _)| (*c, *n)));
         Ok(())
     }
-    fn write(&mut self, item: String) -> Result<(), String> {
+    fn write(&mut self, item: String) -> cutline::ConnectorResult<()> {
         self.open += 1;
         self.inner.write(item)
     }
-    fn prepare(&mut self, checkpoint: CheckpointId) -> Result<Option<Self::Committable>, String> {
+    fn prepare(&mut self, checkpoint: CheckpointId) -> cutline::ConnectorResult<Option<Self::Committable>> {
         let n = std::mem::take(&mut self.open);
         let key = Sink::<String>::prepare(&mut self.inner, checkpoint)?;
         if key.is_some() {
@@ -53,7 +53,7 @@ impl Sink<String> for Ledger {
         }
         Ok(key.map(|k| (checkpoint, n, k)))
     }
-    fn commit(&mut self, committables: &[Self::Committable]) -> Result<(), String> {
+    fn commit(&mut self, committables: &[Self::Committable]) -> cutline::ConnectorResult<()> {
         let keys: Vec<String> = committables.iter().map(|(_, _, k)| k.clone()).collect();
         Sink::<String>::commit(&mut self.inner, &keys)?;
         let mut book = self.book.lock().unwrap();
@@ -68,7 +68,7 @@ impl Sink<String> for Ledger {
         self.open = 0;
         Sink::<String>::abort(&mut self.inner)
     }
-    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> Result<Option<bool>, String> {
+    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> cutline::ConnectorResult<Option<bool>> {
         Sink::<String>::committed_after(&mut self.inner, checkpoint)
     }
 }

@@ -110,33 +110,33 @@ impl Journal {
 
 impl Sink<u64> for Journal {
     type Committable = String;
-    fn open(&mut self, ctx: &SinkContext) -> Result<(), String> {
+    fn open(&mut self, ctx: &SinkContext) -> cutline::ConnectorResult<()> {
         self.note(format!("open gen={}", ctx.incarnation >> 32));
         Sink::<u64>::open(&mut self.inner, ctx)
     }
-    fn recover(&mut self, to_commit: &[String]) -> Result<(), String> {
+    fn recover(&mut self, to_commit: &[String]) -> cutline::ConnectorResult<()> {
         Sink::<u64>::recover(&mut self.inner, to_commit)
     }
-    fn write(&mut self, item: u64) -> Result<(), String> {
+    fn write(&mut self, item: u64) -> cutline::ConnectorResult<()> {
         // Holds records back until the end of input, which must flush them into the final transaction.
         self.buffered.push(item);
         Ok(())
     }
-    fn end_of_input(&mut self) -> Result<(), String> {
+    fn end_of_input(&mut self) -> cutline::ConnectorResult<()> {
         self.note("end_of_input".into());
         for i in self.buffered.drain(..) {
             Sink::<u64>::write(&mut self.inner, i)?;
         }
         Ok(())
     }
-    fn prepare(&mut self, checkpoint: CheckpointId) -> Result<Option<String>, String> {
+    fn prepare(&mut self, checkpoint: CheckpointId) -> cutline::ConnectorResult<Option<String>> {
         self.note(format!("prepare {checkpoint}"));
         Sink::<u64>::prepare(&mut self.inner, checkpoint)
     }
-    fn commit(&mut self, committables: &[String]) -> Result<(), String> {
+    fn commit(&mut self, committables: &[String]) -> cutline::ConnectorResult<()> {
         Sink::<u64>::commit(&mut self.inner, committables)
     }
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> cutline::ConnectorResult<()> {
         self.note("close".into());
         Ok(())
     }
@@ -186,11 +186,11 @@ struct Counter {
 impl Source for Counter {
     type Item = u64;
     type Offset = u64;
-    fn open(&mut self, _subtask: u32, _parallelism: u32, restored: Option<u64>) -> Result<(), String> {
+    fn open(&mut self, _subtask: u32, _parallelism: u32, restored: Option<u64>) -> cutline::ConnectorResult<()> {
         self.next = restored.unwrap_or(0);
         Ok(())
     }
-    fn poll(&mut self, out: &mut Vec<u64>, max: usize) -> Result<SourceStatus, String> {
+    fn poll(&mut self, out: &mut Vec<u64>, max: usize) -> cutline::ConnectorResult<SourceStatus> {
         if self.next == self.end {
             return Ok(SourceStatus::Finished);
         }
@@ -203,11 +203,11 @@ impl Source for Counter {
     fn offset(&self) -> u64 {
         self.next
     }
-    fn checkpoint_complete(&mut self, checkpoint: CheckpointId, offset: &u64) -> Result<(), String> {
+    fn checkpoint_complete(&mut self, checkpoint: CheckpointId, offset: &u64) -> cutline::ConnectorResult<()> {
         self.notified.lock().unwrap().push((checkpoint, *offset));
         Ok(())
     }
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> cutline::ConnectorResult<()> {
         self.closed.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
@@ -245,10 +245,10 @@ struct Broken;
 impl Source for Broken {
     type Item = u64;
     type Offset = ();
-    fn open(&mut self, _: u32, _: u32, _: Option<()>) -> Result<(), String> {
+    fn open(&mut self, _: u32, _: u32, _: Option<()>) -> cutline::ConnectorResult<()> {
         Ok(())
     }
-    fn poll(&mut self, _out: &mut Vec<u64>, _max: usize) -> Result<SourceStatus, String> {
+    fn poll(&mut self, _out: &mut Vec<u64>, _max: usize) -> cutline::ConnectorResult<SourceStatus> {
         Err("the input is broken".into())
     }
     fn offset(&self) {}
@@ -262,6 +262,8 @@ fn the_failure_rate_strategy_gives_up_when_failures_crowd_together() {
     let graph = job.build().unwrap();
     let mut cfg = config(dir.path(), Some(10));
     cfg.restart = RestartStrategy::FailureRate { max_failures: 3, interval_ms: 60_000, delay_ms: 1 };
+    // The strategy alone decides here (the same failure repeating would end the run after 3).
+    cfg.max_repeated_failures = None;
     match cutline::run(&graph, cfg) {
         Err(RunError::GaveUp { attempts, last, .. }) => {
             assert_eq!(attempts, 3, "three restarts, the fourth failure within the minute gives up");

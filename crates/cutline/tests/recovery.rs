@@ -269,19 +269,19 @@ struct SlowCommitSink {
 
 impl cutline::Sink<String> for SlowCommitSink {
     type Committable = u64;
-    fn open(&mut self, _ctx: &cutline::SinkContext) -> Result<(), String> {
+    fn open(&mut self, _ctx: &cutline::SinkContext) -> cutline::ConnectorResult<()> {
         Ok(())
     }
-    fn recover(&mut self, _to_commit: &[u64]) -> Result<(), String> {
+    fn recover(&mut self, _to_commit: &[u64]) -> cutline::ConnectorResult<()> {
         Ok(())
     }
-    fn write(&mut self, _item: String) -> Result<(), String> {
+    fn write(&mut self, _item: String) -> cutline::ConnectorResult<()> {
         Ok(())
     }
-    fn prepare(&mut self, checkpoint: cutline::CheckpointId) -> Result<Option<u64>, String> {
+    fn prepare(&mut self, checkpoint: cutline::CheckpointId) -> cutline::ConnectorResult<Option<u64>> {
         Ok(Some(checkpoint.0))
     }
-    fn commit(&mut self, _c: &[u64]) -> Result<(), String> {
+    fn commit(&mut self, _c: &[u64]) -> cutline::ConnectorResult<()> {
         std::thread::sleep(Duration::from_millis(150));
         *self.last_commit_end.lock().unwrap() = Some(std::time::Instant::now());
         Ok(())

@@ -254,7 +254,7 @@ impl<R: Clone> Coordinator<R> {
                     self.fail_over(now, why, out);
                 }
             }
-            Event::TaskFailed { generation, task, reason } => {
+            Event::TaskFailed { generation, task, reason, .. } => {
                 if generation == self.generation && !self.tasks.contains(&task) {
                     return Err(Violation {
                         task,

@@ -14,7 +14,14 @@ pub enum Event<R> {
     /// A task could not take its part of `checkpoint` (for example a storage write failed).
     Declined { generation: Generation, checkpoint: CheckpointId, task: TaskId, reason: String },
     /// A task died.
-    TaskFailed { generation: Generation, task: TaskId, reason: String },
+    TaskFailed {
+        generation: Generation,
+        task: TaskId,
+        reason: String,
+        /// The task says restarting cannot mend it (the run lifecycle ends the run; the coordinator
+        /// fails over alike).
+        permanent: bool,
+    },
     /// A bounded source read its last record.
     SourceFinished { generation: Generation, task: TaskId },
     /// A task saw end of input everywhere, its final checkpoint is complete and its sinks committed.

@@ -66,6 +66,7 @@ pub(crate) enum TaskEvent {
         generation: Generation,
         task: TaskId,
         reason: String,
+        permanent: bool,
     },
     SourceFinished {
         generation: Generation,
@@ -87,7 +88,9 @@ impl TaskEvent {
             TaskEvent::Declined { generation, checkpoint, task, reason } => {
                 out.push(Event::Declined { generation, checkpoint, task, reason })
             }
-            TaskEvent::Failed { generation, task, reason } => out.push(Event::TaskFailed { generation, task, reason }),
+            TaskEvent::Failed { generation, task, reason, permanent } => {
+                out.push(Event::TaskFailed { generation, task, reason, permanent })
+            }
             TaskEvent::SourceFinished { generation, task } => out.push(Event::SourceFinished { generation, task }),
             TaskEvent::TaskFinished { generation, task } => out.push(Event::TaskFinished { generation, task }),
         }
@@ -174,12 +177,12 @@ impl AckAggregator {
                 out.push(TaskEvent::Declined { generation, checkpoint, task, reason });
                 None
             }
-            Event::TaskFailed { generation, task, reason } => {
+            Event::TaskFailed { generation, task, reason, permanent } => {
                 if generation != self.generation {
                     return;
                 }
                 self.flush_all(out);
-                out.push(TaskEvent::Failed { generation, task, reason });
+                out.push(TaskEvent::Failed { generation, task, reason, permanent });
                 None
             }
             Event::SourceFinished { generation, task } => {
@@ -405,7 +408,11 @@ mod tests {
         );
         assert_eq!(feed(&mut a, 2, ack(2, 1)), NONE);
         assert_eq!(
-            feed(&mut a, 3, Event::TaskFailed { generation: G, task: TaskId(1), reason: "boom".into() }),
+            feed(
+                &mut a,
+                3,
+                Event::TaskFailed { generation: G, task: TaskId(1), reason: "boom".into(), permanent: false }
+            ),
             ["ack c1 [2]", "failed 1"]
         );
     }
@@ -475,7 +482,7 @@ mod tests {
         let stale = [
             Event::Acked { generation: old, checkpoint: CheckpointId(1), task: TaskId(1), report: report(1, 1) },
             Event::Declined { generation: old, checkpoint: CheckpointId(1), task: TaskId(1), reason: "x".into() },
-            Event::TaskFailed { generation: old, task: TaskId(1), reason: "x".into() },
+            Event::TaskFailed { generation: old, task: TaskId(1), reason: "x".into(), permanent: false },
             Event::SourceFinished { generation: old, task: TaskId(1) },
             Event::TaskFinished { generation: old, task: TaskId(1) },
             // Even from a task that is not local: it is stale before it is wrong.

@@ -530,7 +530,9 @@ fn session(
                 let now = clock.elapsed().as_millis() as u64;
                 let ev = match ev {
                     RtEvent::Coord(e) => e,
-                    RtEvent::Failed { generation, task, error } => Event::TaskFailed { generation, task, reason: error },
+                    RtEvent::Failed { generation, task, error, permanent } => {
+                        Event::TaskFailed { generation, task, reason: error, permanent }
+                    }
                     RtEvent::Batch { .. } => unreachable!("only the coordinator's readers batch events"),
                 };
                 g.acks.on_event(now, ev, &mut to_send);

@@ -11,7 +11,7 @@
 //! ([`FileIdentity::DevIno`]), which a copy changes; they still decode and commit where nothing moved.
 
 use super::sink::{of_a_newer_generation, Sink, SinkContext};
-use crate::error::Permanent;
+use crate::error::{ConnectorError, ConnectorResult};
 use cutline_core::CheckpointId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -182,18 +182,17 @@ fn is_transactions_file(c: &PendingFile, to: &Path) -> Result<Result<(), FileIde
 }
 
 /// The error of a commit that found another file under its transaction's name.
-fn another_runs_file(c: &PendingFile, to: &Path, found: FileIdentity) -> String {
+fn another_runs_file(c: &PendingFile, to: &Path, found: FileIdentity) -> ConnectorError {
     let advice = match c.identity {
         FileIdentity::DevIno(..) => "; the checkpoint was written by an older cutline that knew files by device and inode, which copying or restoring the output directory changes: if it was copied, resume from the original directory once, or start on a fresh output and state directory",
         _ => "; use one output directory per job, or a fresh output directory",
     };
-    Permanent(format!(
+    ConnectorError::permanent(format!(
         "{} is another run's file: it holds {found}, and transaction {} wrote {}{advice}",
         to.display(),
         c.pending,
         c.identity
     ))
-    .into()
 }
 
 /// Are `a` and `b` the same file (two links to one inode)?
@@ -218,13 +217,13 @@ fn fsync_dir(p: &Path) -> Result<(), String> {
 impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
     type Committable = PendingFile;
 
-    fn open(&mut self, ctx: &SinkContext) -> Result<(), String> {
+    fn open(&mut self, ctx: &SinkContext) -> ConnectorResult<()> {
         fs::create_dir_all(self.pending_dir()).map_err(|e| io_err("cannot create", &self.pending_dir(), e))?;
         self.ctx = Some(ctx.clone());
         Ok(())
     }
 
-    fn recover(&mut self, to_commit: &[PendingFile]) -> Result<(), String> {
+    fn recover(&mut self, to_commit: &[PendingFile]) -> ConnectorResult<()> {
         self.commit(to_commit)?;
         let keep: BTreeSet<&str> = to_commit.iter().map(|c| c.pending.as_str()).collect();
         let prefix = self.prefix();
@@ -241,7 +240,7 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
         Ok(())
     }
 
-    fn write(&mut self, item: T) -> Result<(), String> {
+    fn write(&mut self, item: T) -> ConnectorResult<()> {
         if self.open.is_none() {
             let c = self.ctx.as_ref().expect("opened");
             let name = format!("{}{}-{}.pending", self.prefix(), c.incarnation, self.seq);
@@ -265,7 +264,7 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
         Ok(())
     }
 
-    fn prepare(&mut self, checkpoint: CheckpointId) -> Result<Option<PendingFile>, String> {
+    fn prepare(&mut self, checkpoint: CheckpointId) -> ConnectorResult<Option<PendingFile>> {
         let Some(o) = self.open.take() else {
             return Ok(None);
         };
@@ -281,7 +280,7 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
         }))
     }
 
-    fn commit(&mut self, committables: &[PendingFile]) -> Result<(), String> {
+    fn commit(&mut self, committables: &[PendingFile]) -> ConnectorResult<()> {
         if committables.is_empty() {
             return Ok(());
         }
@@ -314,21 +313,20 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
                     continue;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    return Err(Permanent(format!(
+                    return Err(ConnectorError::permanent(format!(
                         "committed output {} and its pending file are both gone: part-* files must not be moved or deleted while the job can still restore a checkpoint that lists them ({e})",
                         to.display()
-                    ))
-                    .into())
+                    )))
                 }
-                Err(e) => return Err(io_err("cannot commit", &from, e)),
+                Err(e) => return Err(io_err("cannot commit", &from, e).into()),
             }
             match fs::remove_file(&from) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {} // published by rename
-                Err(e) => return Err(io_err("cannot remove committed pending file", &from, e)),
+                Err(e) => return Err(io_err("cannot remove committed pending file", &from, e).into()),
             }
         }
-        fsync_dir(&self.dir)
+        Ok(fsync_dir(&self.dir)?)
     }
 
     fn abort(&mut self) {
@@ -337,7 +335,7 @@ impl<T: Send + 'static> Sink<T> for TransactionalFileSink<T> {
         }
     }
 
-    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> Result<Option<bool>, String> {
+    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> ConnectorResult<Option<bool>> {
         let c = self.ctx.as_ref().expect("opened");
         let prefix = format!("part-{}-{}-", c.uid, c.subtask);
         let after = checkpoint.map(|c| c.0).unwrap_or(0);
@@ -448,7 +446,7 @@ mod tests {
         s.open(&ctx("out", 0, 1)).unwrap();
         s.write("second run".into()).unwrap();
         let c = s.prepare(CheckpointId(1)).unwrap().unwrap();
-        let err = s.commit(&[c]).expect_err("must not replace committed output");
+        let err = s.commit(&[c]).expect_err("must not replace committed output").to_string();
         assert!(err.contains("another run's file"), "{err}");
         assert_eq!(std::fs::read_to_string(dir.path().join("part-out-0-000000000001")).unwrap(), "first run\n");
     }
@@ -505,7 +503,8 @@ mod tests {
         // Another run's file of the same name (the pending file is gone: committed before).
         std::fs::write(dir.path().join(&c.final_name), "theirs!\n").unwrap();
         let err = s.commit(std::slice::from_ref(&c)).expect_err("not this transaction's file");
-        assert!(crate::error::is_permanent(&err), "{err}");
+        assert!(err.is_permanent(), "{err}");
+        let err = err.to_string();
         let theirs = format!("8 bytes, CRC-32 {:08x}", crc32fast::hash(b"theirs!\n"));
         let mine = format!("5 bytes, CRC-32 {:08x}", crc32fast::hash(b"mine\n"));
         assert!(err.contains("another run's file") && err.contains(&theirs) && err.contains(&mine), "{err}");
@@ -565,7 +564,10 @@ mod tests {
         let ca = a.prepare(CheckpointId(1)).unwrap().unwrap();
         a.commit(&[ca]).unwrap();
         let cb = b.prepare(CheckpointId(1)).unwrap().expect("b's transaction survived a's recovery");
-        let err = b.commit(std::slice::from_ref(&cb)).expect_err("a's file of the same name is not b's transaction");
+        let err = b
+            .commit(std::slice::from_ref(&cb))
+            .expect_err("a's file of the same name is not b's transaction")
+            .to_string();
         assert!(err.contains("another run"), "{err}");
         // And if b's pending file is gone, a's file is still not taken for b's.
         std::fs::remove_file(dir.path().join(PENDING_DIR).join(&cb.pending)).unwrap();

@@ -2,6 +2,7 @@
 //! the simulation).
 
 use super::source::{Source, SourceStatus};
+use crate::error::ConnectorResult;
 
 /// A deterministic generator: record `i` (for `i` in `0..count`, split across subtasks by `i % parallelism`)
 /// is `f(i)`. Replayable by index. Used by benchmarks, tests and the simulation.
@@ -28,12 +29,12 @@ impl<T: Send + 'static> Source for GeneratorSource<T> {
     type Item = T;
     type Offset = u64;
 
-    fn open(&mut self, subtask: u32, parallelism: u32, restored: Option<u64>) -> Result<(), String> {
+    fn open(&mut self, subtask: u32, parallelism: u32, restored: Option<u64>) -> ConnectorResult<()> {
         self.step = parallelism as u64;
         self.next = match restored {
             Some(n) => {
                 if n % self.step != subtask as u64 % self.step && n < self.count {
-                    return Err(format!("offset {n} does not belong to subtask {subtask} of {parallelism}"));
+                    return Err(format!("offset {n} does not belong to subtask {subtask} of {parallelism}").into());
                 }
                 n
             }
@@ -42,7 +43,7 @@ impl<T: Send + 'static> Source for GeneratorSource<T> {
         Ok(())
     }
 
-    fn poll(&mut self, out: &mut Vec<T>, max: usize) -> Result<SourceStatus, String> {
+    fn poll(&mut self, out: &mut Vec<T>, max: usize) -> ConnectorResult<SourceStatus> {
         let mut n = 0;
         while n < max && self.next < self.count {
             out.push((self.f)(self.next));

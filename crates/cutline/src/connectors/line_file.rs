@@ -12,7 +12,7 @@
 //! [`MAX_BATCH_BYTES`], so a batch of long lines is one line, not a batch's worth of them.
 
 use super::source::{Source, SourceStatus};
-use crate::error::Permanent;
+use crate::error::{ConnectorError, ConnectorResult};
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -92,17 +92,16 @@ impl LineFileSource {
         self
     }
 
-    fn changed(&self, what: String) -> String {
-        Permanent(format!(
+    fn changed(&self, what: String) -> ConnectorError {
+        ConnectorError::permanent(format!(
             "{}: the input changed while the job has checkpoints ({what}); the job reads the file by byte offset, so restore the original input, or start the job on a fresh state directory (and output)",
             self.path.display()
         ))
-        .into()
     }
 
     /// At the end of the file: is the file at the path still the one read, no shorter than what was
     /// read, and does it still hold the last line read?
-    fn check_unchanged_at_end(&self) -> Result<(), String> {
+    fn check_unchanged_at_end(&self) -> ConnectorResult<()> {
         let file = self.reader.as_ref().expect("opened").get_ref();
         let len = file.metadata().map_err(|e| format!("reading {}: {e}", self.path.display()))?.len();
         if len < self.state.byte.max(self.opened_len) {
@@ -119,22 +118,21 @@ impl LineFileSource {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(self.changed("it was removed while the job read it".into()))
             }
-            Err(e) => return Err(format!("checking {}: {e}", self.path.display())),
+            Err(e) => return Err(format!("checking {}: {e}", self.path.display()).into()),
         }
         self.check_last_line(file, &self.state)
     }
 
     /// Does `file` still hold the last line `at` records?
-    fn check_last_line(&self, file: &File, at: &LineOffset) -> Result<(), String> {
+    fn check_last_line(&self, file: &File, at: &LineOffset) -> ConnectorResult<()> {
         let Some(check) = at.last_line else { return Ok(()) };
         if check.start > at.byte {
-            return Err(Permanent(format!(
+            return Err(ConnectorError::permanent(format!(
                 "the offset of {} is damaged: its last line starts at byte {}, after the offset {}",
                 self.path.display(),
                 check.start,
                 at.byte
-            ))
-            .into());
+            )));
         }
         let mut crc = crc32fast::Hasher::new();
         let mut chunk = vec![0u8; READ_BUFFER_BYTES];
@@ -166,7 +164,7 @@ impl Source for LineFileSource {
     type Item = String;
     type Offset = LineOffset;
 
-    fn open(&mut self, subtask: u32, parallelism: u32, restored: Option<LineOffset>) -> Result<(), String> {
+    fn open(&mut self, subtask: u32, parallelism: u32, restored: Option<LineOffset>) -> ConnectorResult<()> {
         let mut f = File::open(&self.path).map_err(|e| format!("cannot open {}: {e}", self.path.display()))?;
         let state = restored.unwrap_or_default();
         let meta = f.metadata().map_err(|e| format!("reading {}: {e}", self.path.display()))?;
@@ -188,7 +186,7 @@ impl Source for LineFileSource {
         Ok(())
     }
 
-    fn poll(&mut self, out: &mut Vec<String>, max: usize) -> Result<SourceStatus, String> {
+    fn poll(&mut self, out: &mut Vec<String>, max: usize) -> ConnectorResult<SourceStatus> {
         let limit = self.max_line_bytes;
         let mut produced = 0;
         let mut bytes = 0;
@@ -199,12 +197,11 @@ impl Source for LineFileSource {
                 .read_until(b'\n', &mut self.buf)
                 .map_err(|e| format!("reading {}: {e}", self.path.display()))?;
             if n as u64 > limit {
-                return Err(Permanent(format!(
+                return Err(ConnectorError::permanent(format!(
                     "line {} of {} is longer than {limit} bytes, the source's line limit (lines are read whole): split the line, or raise the limit (LineFileSource::with_max_line_bytes)",
                     self.state.line + 1,
                     self.path.display()
-                ))
-                .into());
+                )));
             }
             if n == 0 {
                 self.check_unchanged_at_end()?;

@@ -3,6 +3,7 @@
 //! by tests.
 
 use super::sink::{of_a_newer_generation, Sink, SinkContext};
+use crate::error::ConnectorResult;
 use cutline_core::CheckpointId;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -57,11 +58,11 @@ impl MemoryTxnSink {
 
 impl<T: std::fmt::Display + Send + 'static> Sink<T> for MemoryTxnSink {
     type Committable = String;
-    fn open(&mut self, ctx: &SinkContext) -> Result<(), String> {
+    fn open(&mut self, ctx: &SinkContext) -> ConnectorResult<()> {
         self.ctx = Some(ctx.clone());
         Ok(())
     }
-    fn recover(&mut self, to_commit: &[String]) -> Result<(), String> {
+    fn recover(&mut self, to_commit: &[String]) -> ConnectorResult<()> {
         <Self as Sink<T>>::commit(self, to_commit)?;
         let prefix = self.prefix();
         let own = self.ctx.as_ref().expect("opened").incarnation;
@@ -69,11 +70,11 @@ impl<T: std::fmt::Display + Send + 'static> Sink<T> for MemoryTxnSink {
         s.prepared.retain(|k, _| !k.starts_with(&prefix) || of_a_newer_generation(&k[prefix.len()..], own));
         Ok(())
     }
-    fn write(&mut self, item: T) -> Result<(), String> {
+    fn write(&mut self, item: T) -> ConnectorResult<()> {
         self.open.push(item.to_string());
         Ok(())
     }
-    fn prepare(&mut self, checkpoint: CheckpointId) -> Result<Option<String>, String> {
+    fn prepare(&mut self, checkpoint: CheckpointId) -> ConnectorResult<Option<String>> {
         if self.open.is_empty() {
             return Ok(None);
         }
@@ -86,14 +87,14 @@ impl<T: std::fmt::Display + Send + 'static> Sink<T> for MemoryTxnSink {
         s.prepared.insert(key.clone(), (checkpoint, records));
         Ok(Some(key))
     }
-    fn commit(&mut self, committables: &[String]) -> Result<(), String> {
+    fn commit(&mut self, committables: &[String]) -> ConnectorResult<()> {
         let mut s = self.store.lock().expect("store lock");
         for key in committables {
             if s.committed_keys.contains(key) {
                 continue; // idempotent
             }
             let Some((checkpoint, records)) = s.prepared.remove(key) else {
-                return Err(format!("prepared transaction {key} is gone: committed output would be lost"));
+                return Err(format!("prepared transaction {key} is gone: committed output would be lost").into());
             };
             s.committed_keys.insert(key.clone());
             s.committed.push((key.clone(), checkpoint, records));
@@ -103,7 +104,7 @@ impl<T: std::fmt::Display + Send + 'static> Sink<T> for MemoryTxnSink {
     fn abort(&mut self) {
         self.open.clear();
     }
-    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> Result<Option<bool>, String> {
+    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> ConnectorResult<Option<bool>> {
         let prefix = self.prefix();
         let s = self.store.lock().expect("store lock");
         Ok(Some(

@@ -1,6 +1,7 @@
 //! Two simple sinks: [`PrintSink`] (standard output, for demos) and [`DiscardSink`] (benchmarks).
 
 use super::sink::{Sink, SinkContext};
+use crate::error::ConnectorResult;
 use cutline_core::CheckpointId;
 
 /// Prints every record to standard output as it arrives (at-least-once: after a failure, records since
@@ -25,23 +26,23 @@ impl<T> PrintSink<T> {
 
 impl<T: std::fmt::Display + Send + 'static> Sink<T> for PrintSink<T> {
     type Committable = ();
-    fn open(&mut self, _ctx: &SinkContext) -> Result<(), String> {
+    fn open(&mut self, _ctx: &SinkContext) -> ConnectorResult<()> {
         Ok(())
     }
-    fn recover(&mut self, _c: &[()]) -> Result<(), String> {
+    fn recover(&mut self, _c: &[()]) -> ConnectorResult<()> {
         Ok(())
     }
-    fn write(&mut self, item: T) -> Result<(), String> {
+    fn write(&mut self, item: T) -> ConnectorResult<()> {
         println!("{}{item}", self.prefix);
         Ok(())
     }
-    fn committed_after(&mut self, _c: Option<CheckpointId>) -> Result<Option<bool>, String> {
+    fn committed_after(&mut self, _c: Option<CheckpointId>) -> ConnectorResult<Option<bool>> {
         Ok(Some(false)) // at-least-once by nature
     }
-    fn prepare(&mut self, _c: CheckpointId) -> Result<Option<()>, String> {
+    fn prepare(&mut self, _c: CheckpointId) -> ConnectorResult<Option<()>> {
         Ok(None)
     }
-    fn commit(&mut self, _c: &[()]) -> Result<(), String> {
+    fn commit(&mut self, _c: &[()]) -> ConnectorResult<()> {
         Ok(())
     }
 }
@@ -52,24 +53,24 @@ pub struct DiscardSink;
 
 impl<T: Send + 'static> Sink<T> for DiscardSink {
     type Committable = ();
-    fn open(&mut self, _ctx: &SinkContext) -> Result<(), String> {
+    fn open(&mut self, _ctx: &SinkContext) -> ConnectorResult<()> {
         Ok(())
     }
-    fn recover(&mut self, _c: &[()]) -> Result<(), String> {
+    fn recover(&mut self, _c: &[()]) -> ConnectorResult<()> {
         Ok(())
     }
     #[inline]
-    fn write(&mut self, item: T) -> Result<(), String> {
+    fn write(&mut self, item: T) -> ConnectorResult<()> {
         std::hint::black_box(item);
         Ok(())
     }
-    fn committed_after(&mut self, _c: Option<CheckpointId>) -> Result<Option<bool>, String> {
+    fn committed_after(&mut self, _c: Option<CheckpointId>) -> ConnectorResult<Option<bool>> {
         Ok(Some(false)) // keeps nothing
     }
-    fn prepare(&mut self, _c: CheckpointId) -> Result<Option<()>, String> {
+    fn prepare(&mut self, _c: CheckpointId) -> ConnectorResult<Option<()>> {
         Ok(None)
     }
-    fn commit(&mut self, _c: &[()]) -> Result<(), String> {
+    fn commit(&mut self, _c: &[()]) -> ConnectorResult<()> {
         Ok(())
     }
 }

@@ -8,6 +8,7 @@
 //!
 //! This module does not decide when checkpoints complete; it reacts to the task's control hooks.
 
+use crate::error::ConnectorResult;
 use cutline_core::CheckpointId;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -32,29 +33,29 @@ pub trait Sink<T>: Send + 'static {
     type Committable: Serialize + DeserializeOwned + Clone + Send + std::fmt::Debug + 'static;
 
     /// Called once before anything else, after a restore or at a fresh start.
-    fn open(&mut self, ctx: &SinkContext) -> Result<(), String>;
+    fn open(&mut self, ctx: &SinkContext) -> ConnectorResult<()>;
     /// Commit `to_commit` (prepared by the restored, complete checkpoint) and discard every other
     /// uncommitted transaction of this subtask, except those of a newer generation
     /// (`SinkContext::incarnation >> 32` is the generation): in a cluster a stale worker may run its
     /// recovery after a newer generation started elsewhere, and those transactions are not its own.
-    fn recover(&mut self, to_commit: &[Self::Committable]) -> Result<(), String>;
+    fn recover(&mut self, to_commit: &[Self::Committable]) -> ConnectorResult<()>;
     /// Write one record into the open transaction.
-    fn write(&mut self, item: T) -> Result<(), String>;
+    fn write(&mut self, item: T) -> ConnectorResult<()>;
     /// Make the open transaction durable but invisible; `None` if it is empty.
-    fn prepare(&mut self, checkpoint: CheckpointId) -> Result<Option<Self::Committable>, String>;
+    fn prepare(&mut self, checkpoint: CheckpointId) -> ConnectorResult<Option<Self::Committable>>;
     /// Make prepared transactions visible. Must be idempotent: a committable may be committed again
     /// after a crash.
-    fn commit(&mut self, committables: &[Self::Committable]) -> Result<(), String>;
+    fn commit(&mut self, committables: &[Self::Committable]) -> ConnectorResult<()>;
     /// The job's bounded input is exhausted: write anything still buffered into the open transaction.
     /// Called once, right before `prepare` of the final checkpoint, so what it writes is committed
     /// with that checkpoint. Not called when the job stops with a savepoint (its input resumes later).
-    fn end_of_input(&mut self) -> Result<(), String> {
+    fn end_of_input(&mut self) -> ConnectorResult<()> {
         Ok(())
     }
     /// The task ends normally: its input ended and the checkpoint that ends it (the final checkpoint
     /// or a stop-with-savepoint) is committed. Release connections and files here. Not called when
     /// the task fails or is torn down (`abort` is). An error fails the task, and the job restores.
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> ConnectorResult<()> {
         Ok(())
     }
     /// The task is going away without finishing: drop the open transaction (best effort).
@@ -66,7 +67,7 @@ pub trait Sink<T>: Send + 'static {
     /// belongs to another run, and restoring would commit output twice, so the restore is refused.
     /// `None` (the default) means the sink cannot tell: the restore is then refused only when it falls
     /// back past a damaged checkpoint.
-    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> Result<Option<bool>, String> {
+    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> ConnectorResult<Option<bool>> {
         let _ = checkpoint;
         Ok(None)
     }

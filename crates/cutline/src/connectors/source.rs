@@ -3,6 +3,7 @@
 //! A source reads; its task injects barriers between batches and records the source's offset with each
 //! snapshot. Sources never see barriers and never talk to the coordinator.
 
+use crate::error::ConnectorResult;
 use cutline_core::CheckpointId;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -56,19 +57,19 @@ pub trait Source: Send + 'static {
     type Offset: Serialize + DeserializeOwned + Clone + Send + std::fmt::Debug + 'static;
 
     /// Open for `subtask` of `parallelism`, at `restored` if the job restores from a checkpoint.
-    fn open(&mut self, subtask: u32, parallelism: u32, restored: Option<Self::Offset>) -> Result<(), String>;
+    fn open(&mut self, subtask: u32, parallelism: u32, restored: Option<Self::Offset>) -> ConnectorResult<()>;
     /// Append up to `max` records to `out`, without blocking for long.
-    fn poll(&mut self, out: &mut Vec<Self::Item>, max: usize) -> Result<SourceStatus, String>;
+    fn poll(&mut self, out: &mut Vec<Self::Item>, max: usize) -> ConnectorResult<SourceStatus>;
     /// The position after the last record handed out by `poll`.
     fn offset(&self) -> Self::Offset;
     /// `checkpoint`, which recorded `offset` for this subtask, is complete (best effort; see the
     /// trait docs).
-    fn checkpoint_complete(&mut self, checkpoint: CheckpointId, offset: &Self::Offset) -> Result<(), String> {
+    fn checkpoint_complete(&mut self, checkpoint: CheckpointId, offset: &Self::Offset) -> ConnectorResult<()> {
         let _ = (checkpoint, offset);
         Ok(())
     }
     /// The task ends normally: release connections and files.
-    fn close(&mut self) -> Result<(), String> {
+    fn close(&mut self) -> ConnectorResult<()> {
         Ok(())
     }
 }

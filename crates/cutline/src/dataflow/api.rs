@@ -218,7 +218,7 @@ impl Job {
                 None => None,
             };
             s.open(ctx.subtask, ctx.parallelism, restored)
-                .map_err(|m| TaskError::Source { uid: uid.clone(), message: m })?;
+                .map_err(|error| TaskError::Source { uid: uid.clone(), error })?;
             Ok(Box::new(SourceBody::new(ctx, uid.clone(), s, tail)) as Box<dyn TaskBody>)
         });
         Stream { job: self.clone(), parts: vec![Part { stage, chain }] }

@@ -7,7 +7,7 @@ use super::emit::Emit;
 use super::graph::StageCtx;
 use crate::channel::{Data, Message, Rx, Taken};
 use crate::connectors::{Source, SourceStatus};
-use crate::error::TaskError;
+use crate::error::{ConnectorError, TaskError};
 use crate::state::{encode_plain, ElementState, SnapshotBuilder, StateImage};
 use cutline_core::barrier::Barrier;
 use cutline_core::CheckpointId;
@@ -262,8 +262,8 @@ impl<S: Source> SourceBody<S> {
             stage_uid: ctx.stage_uid.clone(),
         }
     }
-    fn source_err(&self) -> impl Fn(String) -> TaskError + '_ {
-        |message| TaskError::Source { uid: self.uid.clone(), message }
+    fn source_err(&self) -> impl Fn(ConnectorError) -> TaskError + '_ {
+        |error| TaskError::Source { uid: self.uid.clone(), error }
     }
 }
 

@@ -5,7 +5,7 @@
 
 use super::emit::Emit;
 use crate::connectors::{Sink, SinkContext};
-use crate::error::TaskError;
+use crate::error::{ConnectorError, TaskError};
 use crate::fault::{FaultPoint, Faults};
 use crate::state::{encode_plain, RestoreIndex, SnapshotBuilder};
 use cutline_core::barrier::Barrier;
@@ -27,11 +27,12 @@ pub(crate) struct SinkEmit<T, S: Sink<T>> {
 impl<T: Send + 'static, S: Sink<T>> SinkEmit<T, S> {
     pub fn open(mut sink: S, ctx: SinkContext, restore: &RestoreIndex, faults: Faults) -> Result<Self, TaskError> {
         let uid = ctx.uid.clone();
-        let err = |m: String| TaskError::Sink { uid: uid.clone(), message: m };
+        let err = |error: ConnectorError| TaskError::Sink { uid: uid.clone(), error };
         sink.open(&ctx).map_err(err)?;
         let restored: BTreeMap<CheckpointId, S::Committable> =
             match restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
-                Some(bytes) => postcard::from_bytes(bytes).map_err(|e| err(format!("decoding sink state: {e}")))?,
+                Some(bytes) => postcard::from_bytes(bytes)
+                    .map_err(|e| TaskError::State { uid: uid.clone(), message: format!("decoding sink state: {e}") })?,
                 None => BTreeMap::new(),
             };
         if let Some(c) = restore.checkpoint {
@@ -72,12 +73,12 @@ impl<T: Send + 'static, S: Sink<T>> SinkEmit<T, S> {
 impl<T: Send + 'static, S: Sink<T>> Emit<T> for SinkEmit<T, S> {
     #[inline]
     fn emit(&mut self, item: T) -> Result<(), TaskError> {
-        self.sink.write(item).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })
+        self.sink.write(item).map_err(|error| TaskError::Sink { uid: self.uid.clone(), error })
     }
     fn on_start(&mut self) -> Result<(), TaskError> {
         let to_commit = self.to_recover.take().expect("a sink starts once");
         self.faults.check(FaultPoint::SinkRecover)?;
-        self.sink.recover(&to_commit).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })
+        self.sink.recover(&to_commit).map_err(|error| TaskError::Sink { uid: self.uid.clone(), error })
     }
     fn has_credit(&self) -> bool {
         true
@@ -88,7 +89,7 @@ impl<T: Send + 'static, S: Sink<T>> Emit<T> for SinkEmit<T, S> {
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
         self.faults.check(FaultPoint::SinkPrepare)?;
         if let Some(c) =
-            self.sink.prepare(b.checkpoint).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })?
+            self.sink.prepare(b.checkpoint).map_err(|error| TaskError::Sink { uid: self.uid.clone(), error })?
         {
             let prev = self.uncommitted.insert(b.checkpoint, c);
             assert!(prev.is_none(), "{}: prepared twice for {}", self.uid, b.checkpoint);
@@ -97,13 +98,13 @@ impl<T: Send + 'static, S: Sink<T>> Emit<T> for SinkEmit<T, S> {
         Ok(())
     }
     fn on_input_end(&mut self) -> Result<(), TaskError> {
-        self.sink.end_of_input().map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })
+        self.sink.end_of_input().map_err(|error| TaskError::Sink { uid: self.uid.clone(), error })
     }
     fn on_end(&mut self) -> Result<(), TaskError> {
         Ok(())
     }
     fn on_close(&mut self) -> Result<(), TaskError> {
-        self.sink.close().map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })
+        self.sink.close().map_err(|error| TaskError::Sink { uid: self.uid.clone(), error })
     }
     fn on_complete(&mut self, checkpoint: CheckpointId) -> Result<(), TaskError> {
         let done: Vec<CheckpointId> = self.uncommitted.range(..=checkpoint).map(|(k, _)| *k).collect();
@@ -113,10 +114,10 @@ impl<T: Send + 'static, S: Sink<T>> Emit<T> for SinkEmit<T, S> {
         let batch: Vec<S::Committable> = done.iter().map(|k| self.uncommitted[k].clone()).collect();
         self.faults.check(FaultPoint::SinkCommit)?;
         let (first, rest) = batch.split_at(1);
-        self.sink.commit(first).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })?;
+        self.sink.commit(first).map_err(|error| TaskError::Sink { uid: self.uid.clone(), error })?;
         // A crash here leaves the commit half done; recovery must finish it.
         self.faults.check(FaultPoint::SinkCommitMidway)?;
-        self.sink.commit(rest).map_err(|m| TaskError::Sink { uid: self.uid.clone(), message: m })?;
+        self.sink.commit(rest).map_err(|error| TaskError::Sink { uid: self.uid.clone(), error })?;
         for k in done {
             self.uncommitted.remove(&k);
         }

@@ -275,16 +275,17 @@ pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
 
 fn task_thread(mut task: Task, ctrl: Receiver<Control>, waker: Arc<Waker>, metrics: Arc<TaskMetrics>, mut env: RtEnv) {
     let result = catch_unwind(AssertUnwindSafe(|| drive(&mut task, &ctrl, &waker, &metrics, &mut env)));
-    let error = match result {
+    let (error, permanent) = match result {
         Ok(Ok(())) | Ok(Err(TaskError::Cancelled)) => return,
-        Ok(Err(e)) => e.to_string(),
-        Err(panic) => format!("panicked: {}", panic_message(&*panic)),
+        Ok(Err(e)) => (e.to_string(), e.is_permanent()),
+        Err(panic) => (format!("panicked: {}", panic_message(&*panic)), false),
     };
     task.cancel();
     let _ = env.events.send(RtEvent::Failed {
         generation: env.generation,
         task: task.id,
         error: format!("{}: {error}", task.name),
+        permanent,
     });
 }
 

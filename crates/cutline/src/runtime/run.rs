@@ -44,6 +44,8 @@ pub(crate) enum RtEvent {
         generation: Generation,
         task: TaskId,
         error: String,
+        /// Restarting cannot mend it (`TaskError::is_permanent`).
+        permanent: bool,
     },
 }
 
@@ -143,10 +145,6 @@ impl LifeHost for RunHost<'_> {
                         DeployError::Permanent(e) => DeployFailure { error: RunError::Deploy(e), permanent: true },
                         // A process of the cluster cannot run this job at all.
                         DeployError::Refused(e) => DeployFailure { error: RunError::Permanent(e), permanent: true },
-                        // A worker's deployment refused for a permanent reason (its message is marked).
-                        DeployError::Retry(e) if crate::error::is_permanent(&e) => {
-                            DeployFailure { error: RunError::Permanent(e), permanent: true }
-                        }
                         // A source or sink failed to open or recover, a worker was lost: a failure like any other.
                         DeployError::Retry(e) => DeployFailure { error: RunError::Internal(e), permanent: false },
                     });
@@ -252,7 +250,7 @@ fn wait_answering(commands: &Receiver<Command>, delay: Duration, current: &Check
 enum GenerationOutcome {
     Finished(CheckpointId),
     FailedOver(String),
-    /// A task failed in a way restarting cannot mend (see [`crate::error::Permanent`]).
+    /// A task failed in a way restarting cannot mend (see [`crate::ConnectorError::permanent`]).
     FailedPermanently(String),
     Stopped,
     StoppedWithSavepoint(SavepointInfo),
@@ -311,14 +309,20 @@ fn run_generation(
                 let refused = match ev {
                     Ok(RtEvent::Coord(e)) => coord.handle(now, e, &mut out).err().map(|v| plane.backend.refuse(None, v)),
                     Ok(RtEvent::Batch { worker, events }) => events.into_iter().find_map(|e| {
-                        plane.backend.check_origin(worker, &e).and_then(|()| coord.handle(now, e, &mut out)).err()
+                        let checked = plane.backend.check_origin(worker, &e);
+                        if let (Ok(()), Event::TaskFailed { generation: g, task, reason, permanent: true }) = (&checked, &e) {
+                            if *g == generation && permanent.is_none() {
+                                permanent = Some(format!("{task} failed: {reason}"));
+                            }
+                        }
+                        checked.and_then(|()| coord.handle(now, e, &mut out)).err()
                     }).map(|v| plane.backend.refuse(Some(worker), v)),
-                    Ok(RtEvent::Failed { generation: g, task, error }) => {
-                        if g == generation && permanent.is_none() && crate::error::is_permanent(&error) {
+                    Ok(RtEvent::Failed { generation: g, task, error, permanent: fatal }) => {
+                        if g == generation && permanent.is_none() && fatal {
                             permanent = Some(format!("{task} failed: {error}"));
                         }
                         coord
-                            .handle(now, Event::TaskFailed { generation: g, task, reason: error }, &mut out)
+                            .handle(now, Event::TaskFailed { generation: g, task, reason: error, permanent: fatal }, &mut out)
                             .err()
                             .map(|v| plane.backend.refuse(None, v))
                     }

@@ -1,5 +1,19 @@
 use super::*;
-use crate::error::is_permanent;
+
+/// Test shorthand: what a connector's error says.
+trait Says {
+    fn contains(&self, part: &str) -> bool;
+}
+
+impl Says for ConnectorError {
+    fn contains(&self, part: &str) -> bool {
+        self.message().contains(part)
+    }
+}
+
+fn is_permanent(e: &ConnectorError) -> bool {
+    e.is_permanent()
+}
 
 fn source(path: &std::path::Path) -> LineFileSource {
     let mut s = LineFileSource::new(path);
@@ -8,14 +22,14 @@ fn source(path: &std::path::Path) -> LineFileSource {
 }
 
 /// Poll until the end; every line read, or the first error.
-fn read_all(s: &mut LineFileSource) -> Result<Vec<String>, String> {
+fn read_all(s: &mut LineFileSource) -> ConnectorResult<Vec<String>> {
     let mut out = Vec::new();
     while s.poll(&mut out, 1024)? != SourceStatus::Finished {}
     Ok(out)
 }
 
 /// The error that ends reading; the number of lines read if none does.
-fn read_err(s: &mut LineFileSource, what: &str) -> String {
+fn read_err(s: &mut LineFileSource, what: &str) -> ConnectorError {
     match read_all(s) {
         Ok(lines) => panic!("{what}: no error, {} lines read", lines.len()),
         Err(e) => e,

@@ -84,7 +84,12 @@ pub(super) fn run_generation_sim(
     for slot in tasks.iter_mut() {
         let t = slot.as_mut().expect("freshly deployed");
         if let Err(e) = t.start() {
-            events.push_back(SimEvent::Coord(Event::TaskFailed { generation, task: t.id, reason: e.to_string() }));
+            events.push_back(SimEvent::Coord(Event::TaskFailed {
+                generation,
+                task: t.id,
+                reason: e.to_string(),
+                permanent: e.is_permanent(),
+            }));
             *slot = None;
         }
     }
@@ -216,7 +221,7 @@ pub(super) fn run_generation_sim(
         }
         if let Some((task, reason)) = failed {
             tasks[task.0 as usize] = None; // the task is gone
-            events.push_back(SimEvent::Coord(Event::TaskFailed { generation, task, reason }));
+            events.push_back(SimEvent::Coord(Event::TaskFailed { generation, task, reason, permanent: false }));
         }
         // Quiescent? Flush everything so that partial batches cannot stall the job.
         // Feed events to the coordinator and carry out its decisions.
