@@ -270,26 +270,11 @@ impl TuneArgs {
     }
 }
 
-/// `200ms`, `1s`, `2m`, or `off` (None).
+/// A checkpoint interval flag: a duration, or `off` (only the final checkpoint).
 pub(crate) fn parse_interval(s: &str) -> Result<Option<u64>> {
-    if s == "off" {
-        return Ok(None);
-    }
-    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 1)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1000)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60_000)
-    } else {
-        bail!("bad duration {s:?}: use a number with ms, s or m (e.g. 200ms, 1s), or off");
-    };
-    let n: u64 = num.parse().with_context(|| format!("bad duration {s:?}: use e.g. 200ms, 1s, or off"))?;
-    if n == 0 {
-        bail!("bad duration {s:?}: must be positive (or off)");
-    }
-    match n.checked_mul(mult) {
-        Some(ms) if ms <= 365 * 86_400_000 => Ok(Some(ms)),
-        _ => bail!("bad duration {s:?}: at most a year"),
+    match admin::parse_optional_duration_ms(s) {
+        Ok(Some(0)) => bail!("bad duration {s:?}: must be positive (or off)"),
+        Ok(v) => Ok(v),
+        Err(e) => bail!("bad duration {s:?}: {e}"),
     }
 }

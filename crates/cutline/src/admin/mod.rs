@@ -74,14 +74,15 @@ mod server;
 mod status;
 #[cfg(test)]
 mod tests;
+pub mod units;
 
 pub use client::{answer_timeout, request, request_ok, request_with_timeout};
 pub use protocol::{
-    apply_settings, format_config, format_duration_ms, mode_name, parse_bool, parse_duration_ms, parse_optional_bytes,
-    parse_optional_duration_ms, parse_request, parse_setting, Request, Setting, SETTING_KEYS,
+    apply_settings, format_config, mode_name, parse_bool, parse_request, parse_setting, Request, Setting, SETTING_KEYS,
 };
 pub use server::{serve, AdminServer};
 pub use status::format_status;
+pub use units::{format_duration_ms, parse_bytes, parse_duration_ms, parse_optional_bytes, parse_optional_duration_ms};
 
 use std::path::PathBuf;
 use std::time::Duration;

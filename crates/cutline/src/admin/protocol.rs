@@ -2,6 +2,7 @@
 //! to the settings in force, formatting settings, and carrying out one request through [`JobControl`].
 
 use super::status::format_status;
+use super::units::{format_duration_ms, parse_duration_ms, parse_optional_bytes, parse_optional_duration_ms};
 use crate::runtime::JobControl;
 use cutline_core::barrier::CheckpointMode;
 use cutline_core::coordinator::CheckpointConfig;
@@ -208,57 +209,6 @@ pub fn mode_name(m: CheckpointMode) -> &'static str {
     }
 }
 
-/// `0`, or a whole number with `ms`, `s`, `m` or `h`, in milliseconds (at most a year).
-pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
-    if s == "0" {
-        return Ok(0);
-    }
-    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 1)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1000)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60_000)
-    } else if let Some(n) = s.strip_suffix('h') {
-        (n, 3_600_000)
-    } else {
-        return Err("use a whole number with ms, s, m or h (e.g. 200ms, 30s)".into());
-    };
-    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
-        return Err("use a whole number with ms, s, m or h (e.g. 200ms, 30s)".into());
-    }
-    let n: u64 = num.parse().map_err(|_| "too large".to_string())?;
-    match n.checked_mul(mult) {
-        Some(ms) if ms <= 365 * 86_400_000 => Ok(ms),
-        _ => Err("at most a year".into()),
-    }
-}
-
-/// A duration, or `off` (None).
-pub fn parse_optional_duration_ms(s: &str) -> Result<Option<u64>, String> {
-    if s == "off" {
-        Ok(None)
-    } else {
-        parse_duration_ms(s).map(Some).map_err(|e| format!("{e}, or off"))
-    }
-}
-
-/// Milliseconds in the largest unit that divides them: `200ms`, `30s`, `2m`, `1h`.
-#[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` is newer than the workspace's rust-version
-pub fn format_duration_ms(ms: u64) -> String {
-    if ms == 0 {
-        "0ms".into()
-    } else if ms % 3_600_000 == 0 {
-        format!("{}h", ms / 3_600_000)
-    } else if ms % 60_000 == 0 {
-        format!("{}m", ms / 60_000)
-    } else if ms % 1000 == 0 {
-        format!("{}s", ms / 1000)
-    } else {
-        format!("{ms}ms")
-    }
-}
-
 fn optional_duration(v: Option<u64>) -> String {
     v.map(format_duration_ms).unwrap_or_else(|| "off".into())
 }
@@ -277,20 +227,6 @@ pub fn parse_bool(s: &str) -> Result<bool, String> {
         "false" | "off" | "no" | "0" => Ok(false),
         _ => Err("use true or false".into()),
     }
-}
-
-/// A byte count (`1048576`, `64KiB`, `1MiB`, `2GiB`), or `off` (None).
-pub fn parse_optional_bytes(s: &str) -> Result<Option<u64>, String> {
-    if s == "off" {
-        return Ok(None);
-    }
-    let (num, mult) = [("KiB", 1u64 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("B", 1)]
-        .iter()
-        .find_map(|(suffix, m)| s.strip_suffix(suffix).map(|n| (n, *m)))
-        .unwrap_or((s, 1));
-    let n: u64 =
-        parse_count(num).map_err(|_| "use a whole number of bytes, optionally with KiB, MiB or GiB, or off")?;
-    n.checked_mul(mult).map(Some).ok_or_else(|| "too large".to_string())
 }
 
 // ---------------------------------------------------------------------------------------------------

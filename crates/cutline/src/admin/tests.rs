@@ -62,10 +62,11 @@ fn bad_set_requests_say_what_is_wrong() {
     assert!(set("set max-concurrent=-1").unwrap_err().contains("whole number"));
     assert!(set("set max-concurrent=99999999999999999999999").unwrap_err().contains("too large"));
     assert!(set("set timeout=off").is_err(), "timeout cannot be off");
-    assert!(set("set interval=1.5s").is_err());
+    assert_eq!(set("set interval=1.5s").map(|_| ()), Ok(()), "fractions of a unit are whole milliseconds");
+    assert!(set("set interval=1.0005s").is_err(), "not a whole millisecond");
     assert!(set("set interval=ms").is_err());
     assert!(set("set interval=400d").is_err());
-    assert!(set("set max-aligned-bytes=1TiB").is_err());
+    assert!(set("set max-aligned-bytes=lots").unwrap_err().contains("whole number of bytes"));
 }
 
 #[test]
@@ -131,7 +132,10 @@ fn durations_and_bytes_parse_and_format() {
     assert_eq!(parse_duration_ms("3s"), Ok(3000));
     assert_eq!(parse_duration_ms("1h"), Ok(3_600_000));
     assert!(parse_duration_ms("+3s").is_err());
-    assert!(parse_duration_ms("3 s").is_err());
+    assert!(parse_duration_ms("3").is_err(), "a unit is needed");
+    assert_eq!(parse_duration_ms("1h 30m"), Ok(5_400_000));
+    assert!(parse_duration_ms("500us").unwrap_err().contains("whole milliseconds"));
+    assert!(parse_duration_ms("366days").unwrap_err().contains("at most a year"));
     assert_eq!(parse_optional_duration_ms("off"), Ok(None));
     for ms in [0, 1, 999, 1000, 61_000, 120_000, 7_200_000] {
         assert_eq!(parse_duration_ms(&format_duration_ms(ms)), Ok(ms));
@@ -142,6 +146,8 @@ fn durations_and_bytes_parse_and_format() {
     assert_eq!(parse_optional_bytes("10B"), Ok(Some(10)));
     assert!(parse_optional_bytes("MiB").is_err());
     assert!(parse_optional_bytes("20000000000GiB").is_err());
+    assert_eq!(parse_optional_bytes("64KiB"), Ok(Some(64 << 10)));
+    assert_eq!(parse_optional_bytes("2kB"), Ok(Some(2000)));
 }
 
 #[test]
@@ -351,12 +357,18 @@ fn the_socket_is_owner_only_and_other_users_are_refused() {
         eprintln!("the other-user half of this test needs root (it connects as user nobody)");
         return;
     }
-    // Another user: the file's mode keeps it out...
+    // Another user: the file's mode keeps it out... (the client is this test binary, run as user
+    // nobody, in `connect_as_another_user_when_asked`)
     let as_nobody = |sock: &std::path::Path| {
         use std::os::unix::process::CommandExt;
-        let script = "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ntry:\n s.connect(sys.argv[1])\nexcept OSError as e:\n print('connect:', e.strerror); sys.exit()\ns.sendall(b'ping\\n')\nprint(s.recv(4096).decode())";
-        let out = std::process::Command::new("python3").args(["-c", script]).arg(sock).uid(65534).gid(65534).output();
-        String::from_utf8_lossy(&out.expect("python3 runs as nobody").stdout).into_owned()
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "admin::tests::connect_as_another_user_when_asked", "--nocapture", "--test-threads=1"])
+            .env(CONNECT_AS_CLIENT, sock)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .expect("the test binary runs as nobody");
+        String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let out = as_nobody(&sock);
     assert!(out.contains("connect: Permission denied"), "{out}");
@@ -364,4 +376,24 @@ fn the_socket_is_owner_only_and_other_users_are_refused() {
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
     let out = as_nobody(&sock);
     assert!(out.contains("error: user 65534 may not control this job"), "{out}");
+}
+
+/// Set to a socket path: [`connect_as_another_user_when_asked`] connects there, sends `ping` and
+/// prints what happened (the other-user half of the socket test runs this binary as user nobody).
+const CONNECT_AS_CLIENT: &str = "CUTLINE_TEST_CONNECT_AS_CLIENT";
+
+#[test]
+fn connect_as_another_user_when_asked() {
+    use std::io::{Read, Write};
+    let Some(sock) = std::env::var_os(CONNECT_AS_CLIENT) else { return };
+    match UnixStream::connect(&sock) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => println!("connect: Permission denied"),
+        Err(e) => println!("connect: {e}"),
+        Ok(mut s) => {
+            s.write_all(b"ping\n").unwrap();
+            let mut answer = String::new();
+            let _ = s.read_to_string(&mut answer);
+            println!("{answer}");
+        }
+    }
 }
