@@ -254,6 +254,6 @@ fn main() {
             std::process::exit(s.exit_code());
         }
         eprintln!("error: {e:#}");
-        std::process::exit(1);
+        std::process::exit(if cluster_cmd::worker_refused(&e) { cluster_cmd::EXIT_WORKER_REFUSED } else { 1 });
     }
 }

@@ -107,39 +107,26 @@ impl Drop for StopOnSignal {
     }
 }
 
-/// Records the first SIGTERM or SIGINT (and counts them) without acting on it: for a launcher that
-/// forwards them to its children.
+/// Passes every SIGTERM and SIGINT to a launch's stop requests (the launcher forwards them to the
+/// coordinator). Dropping it stops the watching thread.
 pub(crate) struct Forwarder {
     handle: signal_hook::iterator::Handle,
     thread: Option<std::thread::JoinHandle<()>>,
-    last: Arc<AtomicI32>,
-    count: Arc<AtomicI32>,
 }
 
 impl Forwarder {
-    pub(crate) fn install() -> Result<Forwarder> {
+    pub(crate) fn install(stop: Arc<cutline::cluster::launch::StopRequests>) -> Result<Forwarder> {
         let mut signals = Signals::new([SIGTERM, SIGINT]).context("cannot handle SIGTERM and SIGINT")?;
         let handle = signals.handle();
-        let (last, count) = (Arc::new(AtomicI32::new(0)), Arc::new(AtomicI32::new(0)));
-        let (l, c) = (last.clone(), count.clone());
         let thread = std::thread::Builder::new()
             .name("cutline-signals".into())
             .spawn(move || {
                 for sig in signals.forever() {
-                    l.store(sig, Ordering::SeqCst);
-                    c.fetch_add(1, Ordering::SeqCst);
+                    stop.request(sig);
                 }
             })
             .context("cannot start the signal thread")?;
-        Ok(Forwarder { handle, thread: Some(thread), last, count })
-    }
-
-    /// The last signal received and how many were.
-    pub(crate) fn received(&self) -> Option<(StopSignal, i32)> {
-        match self.count.load(Ordering::SeqCst) {
-            0 => None,
-            n => Some((StopSignal(self.last.load(Ordering::SeqCst)), n)),
-        }
+        Ok(Forwarder { handle, thread: Some(thread) })
     }
 }
 
@@ -149,13 +136,5 @@ impl Drop for Forwarder {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-/// Send `signal` to the child process `pid` (best effort: it may have exited).
-pub(crate) fn forward(pid: u32, signal: StopSignal) {
-    if let Ok(pid) = libc::pid_t::try_from(pid) {
-        // SAFETY: kill has no memory-safety preconditions; a stale pid only fails.
-        unsafe { libc::kill(pid, signal.0) };
     }
 }

@@ -106,7 +106,7 @@ fn a_worker_with_the_wrong_secret_exits_at_once_naming_its_secret_file() {
     // Its rejoin timeout is 60 s: only a permanent error ends it this soon.
     let st = wait_exit(&mut procs.0[1], Duration::from_secs(20))
         .unwrap_or_else(|| panic!("the worker kept retrying a wrong secret: {}", s.log_text("intruder")));
-    assert!(!st.success(), "{st}");
+    assert_eq!(st.code(), Some(3), "a refused worker exits 3, which `cutline cluster` does not restart");
     assert!(started.elapsed() < Duration::from_secs(20));
     let log = s.log_text("intruder");
     let file = s.path("wrong.secret").display().to_string();
@@ -167,6 +167,42 @@ fn a_local_cluster_with_sealed_frames_counts_words_exactly() {
     let all = events(&log);
     let joined: Vec<_> = named(&all, "joined").collect();
     assert!(joined.len() >= 2 && joined.iter().all(|e| e.bool("sealed") == Some(true)), "{joined:#?}");
+    let problems = cutline_cli::jobs::check_wordcount_output(&text, &s.path("out")).unwrap();
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+#[test]
+fn sigterm_to_a_local_cluster_stops_the_job_and_every_process_and_a_rerun_resumes_exactly() {
+    let s = scratch("wire-cluster-term", 40_000);
+    let text = std::fs::read_to_string(s.path("input.txt")).unwrap();
+    let cluster = |s: &Scratch, log: &str| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["cluster", "--workers", "2", "wordcount", "--input"])
+            .arg(s.path("input.txt"))
+            .arg("--output")
+            .arg(s.path("out"))
+            .arg("--state")
+            .arg(s.path("state"))
+            .args(["--parallelism", "2", "--checkpoint-interval", "50ms", "--line-delay-us", "100", "-v"])
+            .stdout(s.log(log))
+            .stderr(s.log(log));
+        json_logs(&mut cmd).spawn().unwrap()
+    };
+    let mut procs = Procs(vec![cluster(&s, "first")]);
+    wait_for("a checkpoint", Duration::from_secs(30), || count(&s.events("first"), "checkpoint_complete") > 0);
+    common::signal(&procs.0[0], "-TERM");
+    let st = wait_exit(&mut procs.0[0], Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("the launcher did not stop: {}", s.log_text("first")));
+    let log = s.log_text("first");
+    assert_eq!(st.code(), Some(143), "{log}");
+    assert!(log.contains("stopped by SIGTERM") && log.contains("resume"), "{log}");
+    assert_eq!(count(&s.events("first"), "process_restarted"), 0, "nothing restarted after the stop: {log}");
+    // No coordinator or worker of it is left: the state directory is free for the next run.
+    let mut again = Procs(vec![cluster(&s, "second")]);
+    let st = wait_exit(&mut again.0[0], Duration::from_secs(120))
+        .unwrap_or_else(|| panic!("the rerun did not finish: {}", s.log_text("second")));
+    assert!(st.success(), "{st}: {}", s.log_text("second"));
+    assert!(!common::restored_checkpoints(&s.events("second")).is_empty(), "the rerun resumed from a checkpoint");
     let problems = cutline_cli::jobs::check_wordcount_output(&text, &s.path("out")).unwrap();
     assert!(problems.is_empty(), "{problems:#?}");
 }

@@ -11,12 +11,17 @@
 //! - A worker exiting with success was told the job is over; a worker that fails or dies is restarted.
 //! - Each process is restarted under its own [`RestartTracker`], so a process that keeps dying at once
 //!   ends the launch with [`LaunchError::GaveUp`] instead of spinning.
-//! - [`Launch::stop`] (for example from a signal handler) kills the processes and returns.
+//! - A worker exiting with one of [`Launch::no_restart_exit_codes`] refused to run (a wrong secret, a
+//!   different job): restarting it cannot help, and the launch ends with [`LaunchError::Refused`].
+//! - [`Launch::stop`] (fed from a signal handler, say) passes each requested signal to the
+//!   coordinator, which stops the job cleanly; nothing is restarted after a stop request, workers still
+//!   running once the coordinator exited get the signal too, and the launch ends with
+//!   [`LaunchEnd::Stopped`].
 
 use cutline_core::restart::{RestartDecision, RestartStrategy, RestartTracker};
 use cutline_core::TimeMs;
 use std::process::{Child, Command, ExitStatus};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,6 +51,14 @@ pub enum LaunchError {
         /// Its last exit status.
         last: ExitStatus,
     },
+    /// A worker exited with one of [`Launch::no_restart_exit_codes`]: it cannot run this job.
+    #[error("the {what} refused to run ({status}): restarting it cannot help; its log says why")]
+    Refused {
+        /// "worker N".
+        what: String,
+        /// Its exit status.
+        status: ExitStatus,
+    },
     /// The coordinator exited with a failure: the job failed (its error is in the coordinator's log).
     #[error("the coordinator failed ({0}): the job did not finish; its error is in the coordinator's output")]
     CoordinatorFailed(ExitStatus),
@@ -57,6 +70,44 @@ pub enum LaunchError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// How a launch ended without an error.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LaunchEnd {
+    /// The coordinator exited with success: the job is over.
+    Finished,
+    /// A stop was requested ([`Launch::stop`]); the coordinator exited with `coordinator`.
+    Stopped {
+        /// The last signal requested.
+        signal: i32,
+        /// How the coordinator exited.
+        coordinator: ExitStatus,
+    },
+}
+
+/// Stop requests for a running launch, from any thread (a signal handler's, say): each is a signal
+/// the launcher passes to the coordinator.
+#[derive(Debug, Default)]
+pub struct StopRequests {
+    count: AtomicU32,
+    signal: AtomicI32,
+}
+
+impl StopRequests {
+    /// Ask the launch to stop by passing `signal` to the coordinator (`libc::SIGTERM` stops the job
+    /// cleanly; a second one makes `cutline run` exit at once; `libc::SIGKILL` ends it now).
+    pub fn request(&self, signal: i32) {
+        self.signal.store(signal, Ordering::SeqCst);
+        self.count.fetch_add(1, Ordering::SeqCst);
+    }
+    /// The last signal requested and how many requests came, if any.
+    pub fn requested(&self) -> Option<(i32, u32)> {
+        match self.count.load(Ordering::SeqCst) {
+            0 => None,
+            n => Some((self.signal.load(Ordering::SeqCst), n)),
+        }
+    }
 }
 
 /// What to launch and how to restart it. See the module documentation.
@@ -72,8 +123,10 @@ pub struct Launch {
     pub restart: RestartStrategy,
     /// See [`DEFAULT_SHUTDOWN_GRACE_MS`].
     pub shutdown_grace_ms: u64,
-    /// Set it (from a signal handler or another thread) to kill every process and return.
-    pub stop: Arc<AtomicBool>,
+    /// Exit codes with which a worker says it cannot run this job (never restarted).
+    pub no_restart_exit_codes: Vec<i32>,
+    /// Stop requests (see [`StopRequests`]).
+    pub stop: Arc<StopRequests>,
 }
 
 impl Launch {
@@ -89,41 +142,57 @@ impl Launch {
             workers,
             restart: RestartStrategy::default(),
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
-            stop: Arc::new(AtomicBool::new(false)),
+            no_restart_exit_codes: Vec::new(),
+            stop: Arc::new(StopRequests::default()),
         }
     }
 
-    /// Run until the coordinator exits (or `stop` is set). `Ok` when the coordinator succeeded, or
-    /// when the launch was stopped.
-    pub fn run(&self) -> Result<(), LaunchError> {
+    /// Run until the coordinator exits. `Ok` when it succeeded, or when a stop was requested.
+    pub fn run(&self) -> Result<LaunchEnd, LaunchError> {
         let started = Instant::now();
         let now = || TimeMs(started.elapsed().as_millis() as u64);
+        let no_restart = &self.no_restart_exit_codes;
         let mut coord = Supervised::start("coordinator".into(), &*self.coordinator, &self.restart)?;
         let mut workers: Vec<Supervised> = (0..self.workers)
             .map(|i| Supervised::start(format!("worker {i}"), &|| (self.worker)(i), &self.restart))
             .collect::<Result<_, _>>()?;
+        let mut forwarded = 0;
         let outcome = loop {
-            if self.stop.load(Ordering::SeqCst) {
-                break Ok(());
-            }
             std::thread::sleep(Duration::from_millis(LAUNCH_POLL_MS));
-            match coord.poll(now(), &*self.coordinator) {
-                Ok(Some(st)) if st.success() => break Ok(()),
+            if let Some((signal, n)) = self.stop.requested() {
+                // Every request is passed on; nothing is restarted any more.
+                while forwarded < n {
+                    coord.signal(signal);
+                    forwarded += 1;
+                }
+                match coord.exited() {
+                    Ok(Some(st)) => break Ok(LaunchEnd::Stopped { signal, coordinator: st }),
+                    Ok(None) => continue,
+                    Err(e) => break Err(e),
+                }
+            }
+            match coord.poll(now(), &*self.coordinator, no_restart) {
+                Ok(Some(st)) if st.success() => break Ok(LaunchEnd::Finished),
                 Ok(Some(st)) => break Err(LaunchError::CoordinatorFailed(st)),
                 Ok(None) => {}
                 Err(e) => break Err(e),
             }
-            if let Some(e) = workers.iter_mut().enumerate().find_map(|(i, w)| w.poll(now(), &|| (self.worker)(i)).err())
+            if let Some(e) =
+                workers.iter_mut().enumerate().find_map(|(i, w)| w.poll(now(), &|| (self.worker)(i), no_restart).err())
             {
                 break Err(e);
             }
         };
         // The coordinator told its workers the job is over (or the launch ends anyway): give them a
-        // moment, then make sure no process outlives the launch.
+        // moment, then make sure no process outlives the launch. After a stop request, workers still
+        // running get the signal first.
         let deadline = Instant::now() + Duration::from_millis(self.shutdown_grace_ms);
-        let stopping = self.stop.load(Ordering::SeqCst) || outcome.is_err();
+        let stop_signal = self.stop.requested().map(|(sig, _)| sig);
         for p in std::iter::once(&mut coord).chain(workers.iter_mut()) {
-            p.finish(if stopping { Instant::now() } else { deadline });
+            if let Some(sig) = stop_signal {
+                p.signal(sig);
+            }
+            p.finish(if outcome.is_err() { Instant::now() } else { deadline });
         }
         outcome
     }
@@ -154,7 +223,12 @@ impl Supervised {
 
     /// Look at the process: `Some(status)` once the coordinator's exit ends the launch (success, or a
     /// failure status); restarts a dead process when due.
-    fn poll(&mut self, now: TimeMs, make: &dyn Fn() -> Command) -> Result<Option<ExitStatus>, LaunchError> {
+    fn poll(
+        &mut self,
+        now: TimeMs,
+        make: &dyn Fn() -> Command,
+        no_restart: &[i32],
+    ) -> Result<Option<ExitStatus>, LaunchError> {
         if self.done {
             return Ok(None);
         }
@@ -178,6 +252,9 @@ impl Supervised {
         if is_coordinator && !died_by_signal(&st) {
             return Ok(Some(st));
         }
+        if st.code().is_some_and(|c| no_restart.contains(&c)) {
+            return Err(LaunchError::Refused { what: self.what.clone(), status: st });
+        }
         match self.tracker.on_failure(now) {
             RestartDecision::RestartAfter { delay_ms, .. } => {
                 tracing::warn!(event = "process_died", process = %self.what, status = %st, "cutline: the {} exited ({st}); restarting it in {delay_ms} ms", self.what);
@@ -188,6 +265,25 @@ impl Supervised {
                 Err(LaunchError::GaveUp { what: self.what.clone(), restarts: attempts, last: st })
             }
         }
+    }
+
+    /// Has the process exited (without restarting it)?
+    fn exited(&mut self) -> Result<Option<ExitStatus>, LaunchError> {
+        match self.child.as_mut() {
+            None => Ok(None),
+            Some(c) => c.try_wait().map_err(|source| LaunchError::Wait { what: self.what.clone(), source }),
+        }
+    }
+
+    /// Send `signal` to the process if it runs (best effort: it may be exiting).
+    fn signal(&self, signal: i32) {
+        #[cfg(unix)]
+        if let Some(pid) = self.child.as_ref().and_then(|c| libc::pid_t::try_from(c.id()).ok()) {
+            // SAFETY: kill has no memory-safety preconditions; a stale pid only fails.
+            unsafe { libc::kill(pid, signal) };
+        }
+        #[cfg(not(unix))]
+        let _ = signal;
     }
 
     /// Wait for the process to exit until `deadline`, then kill it.
@@ -257,7 +353,7 @@ mod tests {
         let log = dir.path().join("starts");
         let l = log.clone();
         let launch = Launch::new(2, || sh("sleep 0.5"), move |i| sh(&format!("echo {i} >> {}", l.display())));
-        launch.run().unwrap();
+        assert_eq!(launch.run().unwrap(), LaunchEnd::Finished);
         let starts = std::fs::read_to_string(&log).unwrap();
         assert_eq!(starts.lines().count(), 2, "each worker started once: {starts}");
     }
@@ -284,7 +380,7 @@ mod tests {
         let marker = dir.path().join("killed-once");
         let script = format!("if [ -e {m} ]; then exit 0; else touch {m}; kill -9 $$; fi", m = marker.display());
         let launch = Launch::new(1, move || sh(&script), |_| sh("sleep 0.2"));
-        launch.run().unwrap();
+        assert_eq!(launch.run().unwrap(), LaunchEnd::Finished);
         assert!(marker.exists());
         let failing = Launch::new(1, || sh("exit 3"), |_| sh("sleep 0.2"));
         match failing.run() {
@@ -294,17 +390,48 @@ mod tests {
     }
 
     #[test]
-    fn stop_kills_every_process_at_once() {
-        let launch = Launch::new(2, || sh("sleep 30"), |_| sh("sleep 30"));
+    fn a_stop_request_reaches_the_coordinator_and_nothing_is_restarted_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (got, starts) = (dir.path().join("got-term"), dir.path().join("worker-starts"));
+        // The coordinator exits 143 when it gets SIGTERM, noting it; workers die at once (and would
+        // be restarted, were it not for the stop).
+        let coordinator = format!("trap 'touch {}; exit 143' TERM; while true; do sleep 0.05; done", got.display());
+        let worker = format!("echo x >> {}; sleep 0.3; exit 1", starts.display());
+        let mut launch = Launch::new(1, move || sh(&coordinator), move |_| sh(&worker));
+        launch.restart = RestartStrategy::FixedDelay { delay_ms: 1, max_attempts: 1000 };
         let stop = launch.stop.clone();
         let t = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
-            stop.store(true, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(700));
+            stop.request(libc::SIGTERM);
         });
         let began = Instant::now();
-        launch.run().unwrap();
+        let end = launch.run().unwrap();
         t.join().unwrap();
-        assert!(began.elapsed() < Duration::from_secs(5), "the launch did not stop: {:?}", began.elapsed());
+        assert!(
+            matches!(end, LaunchEnd::Stopped { signal: libc::SIGTERM, coordinator } if coordinator.code() == Some(143)),
+            "{end:?}"
+        );
+        assert!(got.exists(), "the coordinator got the signal");
+        let n = std::fs::read_to_string(&starts).unwrap().lines().count();
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(std::fs::read_to_string(&starts).unwrap().lines().count(), n, "no restart after the stop");
+        assert!(began.elapsed() < Duration::from_secs(5), "{:?}", began.elapsed());
+    }
+
+    #[test]
+    fn a_worker_that_refuses_to_run_is_not_restarted() {
+        let dir = tempfile::tempdir().unwrap();
+        let starts = dir.path().join("starts");
+        let s2 = starts.clone();
+        let mut launch = Launch::new(1, || sh("sleep 5"), move |_| sh(&format!("echo x >> {}; exit 3", s2.display())));
+        launch.no_restart_exit_codes = vec![3];
+        match launch.run() {
+            Err(LaunchError::Refused { what, status }) => {
+                assert_eq!((what.as_str(), status.code()), ("worker 0", Some(3)))
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert_eq!(std::fs::read_to_string(&starts).unwrap().lines().count(), 1);
     }
 
     #[test]
