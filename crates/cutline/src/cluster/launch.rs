@@ -31,7 +31,7 @@ pub const LAUNCH_POLL_MS: u64 = 100;
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 5_000;
 
 /// Why a launch ended without the job finishing.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 pub enum LaunchError {
     /// A process could not be started at all.
     #[error("cannot start the {what}: {source}; check the command and the executable's path")]
@@ -443,5 +443,12 @@ mod tests {
         assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(std::fs::read_to_string(&p).unwrap().len(), 64);
         assert!(write_new_secret(&p).is_err());
+    }
+}
+
+/// The same message as `Display` (a `main` returning `Box<dyn Error>` prints it).
+impl std::fmt::Debug for LaunchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
     }
 }

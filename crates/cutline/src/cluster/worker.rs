@@ -71,7 +71,7 @@ impl WorkerConfig {
 }
 
 /// Why [`run_worker`] ended without the coordinator saying the job is over.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum WorkerError {
     /// The configuration cannot work (a short secret, a malformed address, a port in use).
@@ -578,4 +578,11 @@ fn session(
     }
     let _ = stream.shutdown(Shutdown::Both);
     Ok(end)
+}
+
+/// The same message as `Display` (a `main` returning `Box<dyn Error>` prints it).
+impl std::fmt::Debug for WorkerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
