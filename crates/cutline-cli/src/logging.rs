@@ -30,7 +30,7 @@ pub fn init(verbose: bool) {
     let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_max_level(level);
     // A second init (tests of the binary's functions) keeps the first subscriber.
     let _ = if json {
-        builder.json().with_current_span(true).with_span_list(false).try_init()
+        builder.json().with_current_span(true).with_span_list(true).try_init()
     } else {
         builder.event_format(Human).try_init()
     };

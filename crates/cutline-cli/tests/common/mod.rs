@@ -195,6 +195,9 @@ pub fn wait_until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<
 pub struct LogEvent {
     pub level: String,
     pub fields: serde_json::Map<String, serde_json::Value>,
+    /// The spans the event happened in, outermost first (`job`, `generation`, `task`), with their
+    /// fields.
+    pub spans: Vec<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl LogEvent {
@@ -229,6 +232,11 @@ impl LogEvent {
         self.str("chk")?.strip_prefix("chk-")?.parse().ok()
     }
 
+    /// Field `field` of the innermost span called `span` the event happened in.
+    pub fn span(&self, span: &str, field: &str) -> Option<&str> {
+        self.spans.iter().rev().find(|s| s.get("name").and_then(|n| n.as_str()) == Some(span))?.get(field)?.as_str()
+    }
+
     /// A number field that must be there: the test is wrong (or the event changed) if it is not.
     pub fn need_u64(&self, field: &str) -> u64 {
         self.u64(field).unwrap_or_else(|| panic!("event {} has no number field {field:?}: {self:?}", self.name()))
@@ -253,7 +261,17 @@ pub fn events(log: &str) -> Vec<LogEvent> {
                     Some(serde_json::Value::Object(f)) => f,
                     _ => panic!("a log event without fields: {line}"),
                 };
-                out.push(LogEvent { level, fields });
+                let spans = match o.remove("spans") {
+                    Some(serde_json::Value::Array(v)) => v
+                        .into_iter()
+                        .filter_map(|s| match s {
+                            serde_json::Value::Object(m) => Some(m),
+                            _ => None,
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                out.push(LogEvent { level, fields, spans });
             }
             _ if i + 1 == lines.len() && !complete => {} // cut short by SIGKILL
             _ => panic!("malformed JSON log line {line:?}"),

@@ -79,6 +79,8 @@ pub(crate) fn drive(graph: &JobGraph, cfg: &RunConfig, host: &mut dyn LifeHost) 
     let mut step: Step<RunError> = life.start();
     let mut index: Option<RestoreIndex> = None;
     let mut found_job: Option<String> = None;
+    // The generation that ran last: the one a failover or restart is about.
+    let mut last_gen: Option<cutline_core::Generation> = None;
     loop {
         if host.crash_point() {
             return None;
@@ -140,12 +142,20 @@ pub(crate) fn drive(graph: &JobGraph, cfg: &RunConfig, host: &mut dyn LifeHost) 
                 }
             }
             Step::Run { generation, recovered_after_ms } => {
+                last_gen = Some(generation);
                 let (end, lease_end) = host.run(generation, recovered_after_ms);
                 LifeEvent::GenerationEnded { end, lease_end }
             }
             Step::Wait { delay_ms, attempt, reason, cause } => {
-                tracing::warn!(event = "failover", reason = %reason, "failing over: {reason}");
-                tracing::info!(event = "restart", attempt, delay_ms, "restart attempt {attempt} in {delay_ms} ms");
+                let gen = last_gen.map(|g| g.to_string());
+                tracing::warn!(event = "failover", gen = gen.as_deref(), reason = %reason, "failing over: {reason}");
+                tracing::info!(
+                    event = "restart",
+                    gen = gen.as_deref(),
+                    attempt,
+                    delay_ms,
+                    "restart attempt {attempt} in {delay_ms} ms"
+                );
                 if host.wait(delay_ms, cause) {
                     LifeEvent::StopRequested
                 } else {

@@ -183,10 +183,12 @@ pub(crate) fn spawn_tasks(
         let metrics = Arc::new(TaskMetrics::default());
         out.push((metrics.clone(), d.inputs));
         let waker = d.waker;
+        // What a task thread logs names the task, its generation and (through the parent) the job.
+        let span = tracing::info_span!(parent: tracing::Span::current(), "task", task = %name, gen = %generation);
         threads.tasks.push(
             std::thread::Builder::new()
                 .name(name)
-                .spawn(move || task_thread(task, c_rx, waker, metrics, env))
+                .spawn(move || span.in_scope(|| task_thread(task, c_rx, waker, metrics, env)))
                 .map_err(RunError::Spawn)?,
         );
     }

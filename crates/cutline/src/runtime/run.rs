@@ -56,6 +56,8 @@ pub(crate) fn run_on(
     commands: &Receiver<Command>,
     backend: &mut dyn Backend,
 ) -> Result<JobReport, RunError> {
+    // Every event of this run carries the job's name (JSON logs list the spans of an event).
+    let _job = tracing::info_span!("job", job = %graph.name()).entered();
     cfg.validate()?;
     // One running job per store: a second process on the same state directory is refused.
     let _lock = cfg.store.lock()?;
@@ -280,6 +282,7 @@ fn run_generation(
     commands: &Receiver<Command>,
     savepoint: &mut Option<SavepointRequest>,
 ) -> Result<GenerationOutcome, RunError> {
+    let _gen = tracing::info_span!("generation", gen = %generation).entered();
     let store = cfg.store.clone();
     stats.task_names = deployed.names.clone();
     let mut plane = BackendPlane { backend, started };
