@@ -66,3 +66,9 @@ pub use runtime::{
     SavepointInfo, TaskReport,
 };
 pub use state::{splitmix64, stable_hash};
+
+/// The README's Rust blocks, compiled by `cargo test --doc` (and run where they do not touch fixed
+/// paths), so that what it shows cannot stop compiling unnoticed.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
