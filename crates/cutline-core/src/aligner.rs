@@ -29,18 +29,26 @@ pub enum AlignAction {
     /// `channel_state` is set, the snapshot is not complete yet: inputs still record channel state and
     /// [`AlignAction::ChannelStateComplete`] follows.
     Snapshot {
+        /// The barrier to forward: the one received, with [`Alignment::Unaligned`] if the checkpoint
+        /// snapshots unaligned here (so tasks downstream switch too).
         barrier: Barrier,
+        /// Some live input has not delivered the barrier yet: records read from it are channel
+        /// state of this checkpoint (see [`Aligner::recording_on`]) until it does.
         channel_state: bool,
         /// The checkpoint started aligned and this task switched it to unaligned.
         switched: bool,
-        /// Time from the first barrier of this checkpoint at this task to the snapshot.
+        /// Milliseconds from the first barrier of this checkpoint at this task to the snapshot.
         alignment_ms: u64,
-        /// Time from the trigger at the coordinator to the first barrier here.
+        /// Milliseconds from the trigger at the coordinator ([`Barrier::triggered_at`]) to the first
+        /// barrier here.
         start_delay_ms: u64,
     },
     /// Every live input delivered the barrier of this unaligned checkpoint: its channel state is
     /// complete and the snapshot can be persisted.
-    ChannelStateComplete { checkpoint: CheckpointId },
+    ChannelStateComplete {
+        /// The checkpoint whose channel state is complete.
+        checkpoint: CheckpointId,
+    },
 }
 
 #[derive(Debug)]
@@ -84,6 +92,10 @@ pub struct Aligner {
 }
 
 impl Aligner {
+    /// An aligner for a task with `inputs` input channels, all readable, nothing pending.
+    ///
+    /// # Panics
+    /// If `inputs` is 0: a source has no inputs to align.
     pub fn new(inputs: usize) -> Aligner {
         assert!(inputs >= 1, "a task without inputs (a source) has no aligner");
         Aligner {
@@ -96,6 +108,7 @@ impl Aligner {
         }
     }
 
+    /// The number of input channels (ended ones included).
     pub fn inputs(&self) -> usize {
         self.blocked.len()
     }
@@ -105,6 +118,8 @@ impl Aligner {
         !self.blocked[input] && !self.ended[input]
     }
 
+    /// Is this input blocked because it delivered the barrier of an exactly-once checkpoint that has
+    /// not snapshotted yet? (An ended input is not blocked, but not readable either.)
     pub fn is_blocked(&self, input: usize) -> bool {
         self.blocked[input]
     }
@@ -171,7 +186,12 @@ impl Aligner {
         self.progress(now, out);
     }
 
-    /// Input `input` delivered `barrier` at time `now`.
+    /// Input `input` delivered `barrier` at time `now`. The actions it leads to are appended to `out`.
+    ///
+    /// # Panics
+    /// If the caller broke the channel contract: a barrier read from a blocked or ended input, a
+    /// barrier not above the last one on the same input, a new barrier not above the last snapshot,
+    /// or two barriers of one checkpoint that differ in more than their alignment.
     pub fn on_barrier(&mut self, input: usize, barrier: Barrier, now: TimeMs, out: &mut Vec<AlignAction>) {
         let id = barrier.checkpoint;
         assert!(!self.ended[input], "barrier {id} on input {input} after its end-of-stream");
@@ -207,7 +227,11 @@ impl Aligner {
         self.progress(now, out);
     }
 
-    /// Input `input` delivered end-of-stream: it counts as aligned for every barrier from now on.
+    /// Input `input` delivered end-of-stream: it counts as aligned for every barrier from now on. The
+    /// actions it leads to are appended to `out`.
+    ///
+    /// # Panics
+    /// On a second end-of-stream on the same input, or one read from a blocked input.
     pub fn on_end_of_input(&mut self, input: usize, now: TimeMs, out: &mut Vec<AlignAction>) {
         assert!(!self.ended[input], "end-of-stream twice on input {input}");
         assert!(!self.blocked[input], "end-of-stream read from blocked input {input}");

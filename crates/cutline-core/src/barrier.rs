@@ -35,9 +35,16 @@ pub enum Alignment {
     /// The barrier overtakes the records queued in front of it: the task snapshots at the first barrier,
     /// forwards it at once, and persists the overtaken records as channel state.
     Unaligned,
-    /// Starts aligned; a task whose alignment of this checkpoint lasts `timeout_ms`, or whose blocked
-    /// inputs hold more than `max_blocked_bytes`, switches it to unaligned (and forwards it unaligned).
-    AlignedWithTimeout { timeout_ms: u64, max_blocked_bytes: u64 },
+    /// Starts aligned; a task still aligning this checkpoint `timeout_ms` after its trigger (measured
+    /// from [`Barrier::triggered_at`], not from the first barrier at the task), or whose blocked inputs
+    /// hold more than `max_blocked_bytes`, switches it to unaligned there and forwards the barrier
+    /// unaligned, so every task downstream switches too.
+    AlignedWithTimeout {
+        /// Milliseconds after the trigger; `u64::MAX` when only the byte limit is set.
+        timeout_ms: u64,
+        /// Bytes queued on the task's blocked inputs; `u64::MAX` when only the timeout is set.
+        max_blocked_bytes: u64,
+    },
 }
 
 /// The kind of snapshot a barrier asks for.
@@ -60,6 +67,8 @@ impl SnapshotKind {
     pub fn ends_input(self) -> bool {
         matches!(self, SnapshotKind::Final | SnapshotKind::StopSavepoint)
     }
+    /// A savepoint or a stop-with-savepoint: always aligned and exactly-once, reported to whoever asked
+    /// for it, never subsumed, and its failure does not count towards a failover.
     pub fn is_savepoint(self) -> bool {
         matches!(self, SnapshotKind::Savepoint | SnapshotKind::StopSavepoint)
     }
@@ -68,12 +77,19 @@ impl SnapshotKind {
 /// A checkpoint barrier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Barrier {
+    /// The checkpoint (epoch) the snapshot is taken under.
     pub checkpoint: CheckpointId,
+    /// The generation whose coordinator triggered it.
     pub generation: Generation,
     /// Coordinator time at which the checkpoint was triggered.
     pub triggered_at: TimeMs,
+    /// What the snapshot is for.
     pub kind: SnapshotKind,
+    /// Exactly-once (inputs are blocked while aligning) or at-least-once; savepoints are always
+    /// exactly-once.
     pub mode: CheckpointMode,
+    /// How the barrier treats queued records. A task that switched the checkpoint to unaligned
+    /// forwards it with [`Alignment::Unaligned`]; [`Barrier::same_checkpoint`] ignores the field.
     pub alignment: Alignment,
 }
 

@@ -11,6 +11,8 @@
 //! - [`restart`]: restart strategies and the choice of the checkpoint to restore.
 //! - [`lifecycle`]: the life of one run: start, restore, claim, deploy, run, fail over and restart.
 
+#![warn(missing_docs)]
+
 pub mod aligner;
 pub mod barrier;
 pub mod coordinator;

@@ -37,7 +37,11 @@ pub const MAX_REPEATED_FAILURES: u32 = 3;
 pub struct MetaFacts {
     /// Whether it names this job (its fingerprint); if not, the store belongs to another job.
     pub same_job: bool,
+    /// The generation it records. A stale coordinator's overwrite may lower it: the generation
+    /// records decide too ([`StoreFacts::latest_generation_record`]).
     pub generation: Generation,
+    /// The durable epoch lease it records: no epoch at or above it was issued (a stale overwrite may
+    /// lower it too: [`StoreFacts::max_checkpoint_seen`] decides as well).
     pub lease_end: CheckpointId,
 }
 
@@ -76,9 +80,15 @@ pub struct Restored {
 pub enum GenerationEnd<E> {
     /// The job finished with this final checkpoint.
     Finished(CheckpointId),
-    /// A failover: restart if the strategy allows. `permanent`: restarting cannot help (the failure
-    /// repeats at the same input), the run ends.
-    FailedOver { reason: String, permanent: bool },
+    /// A failover: restart if the strategy allows.
+    FailedOver {
+        /// Why, as the coordinator decided it (a task's failure, a checkpoint that ends the job
+        /// failed, too many failed checkpoints).
+        reason: String,
+        /// Restarting cannot help (a task said so, for example the failure repeats at the same
+        /// input): the run ends with [`RunFailure::Permanent`].
+        permanent: bool,
+    },
     /// Stopped on request.
     Stopped,
     /// Stopped with a savepoint on request.
@@ -96,31 +106,53 @@ pub enum LifeEvent<E> {
     Begun,
     /// [`Step::Restore`] done.
     Restored(Restored),
-    /// [`Step::Restore`] failed. `transient`: storage that did not answer, which may later.
-    RestoreFailed { error: E, transient: bool },
-    /// [`Step::Claim`] done; the newest checkpoint with a manifest listed right after the claim.
-    Claimed { newest_manifest_now: Option<CheckpointId> },
+    /// [`Step::Restore`] failed.
+    RestoreFailed {
+        /// The error; the run's if it ends.
+        error: E,
+        /// Storage that did not answer, which may later: a failure subject to the restart strategy.
+        /// Otherwise (damaged data, a checkpoint that does not fit the job) the run ends.
+        transient: bool,
+    },
+    /// [`Step::Claim`] done.
+    Claimed {
+        /// The newest checkpoint with a manifest (complete or fenced) listed right after the claim.
+        newest_manifest_now: Option<CheckpointId>,
+    },
     /// [`Step::Claim`]: another coordinator holds this generation or a newer one.
     ClaimTaken(E),
     /// [`Step::Release`] done.
     Released,
     /// [`Step::Deploy`] done: the generation runs.
     Deployed,
-    /// [`Step::Deploy`] failed. `permanent`: state that does not fit the job, which retrying cannot
-    /// mend.
-    DeployFailed { error: E, permanent: bool },
-    /// [`Step::Run`] ended; `lease_end` is the durable epoch lease now (the coordinator extends it).
-    GenerationEnded { end: GenerationEnd<E>, lease_end: CheckpointId },
+    /// [`Step::Deploy`] failed.
+    DeployFailed {
+        /// The error; the run's if it ends.
+        error: E,
+        /// State that does not fit the job, which retrying cannot mend: the run ends. Otherwise a
+        /// failure subject to the restart strategy.
+        permanent: bool,
+    },
+    /// [`Step::Run`] ended.
+    GenerationEnded {
+        /// How the generation ended.
+        end: GenerationEnd<E>,
+        /// The durable epoch lease now (the coordinator extends it while it runs); it must not be
+        /// below the lease the lifecycle knew (that panics).
+        lease_end: CheckpointId,
+    },
     /// [`Step::Wait`] is over.
     Waited,
     /// A stop was requested during [`Step::Wait`].
     StopRequested,
     /// [`Step::NextGeneration`] done.
     MetaWritten,
-    /// A step failed in a way that may pass ([`Step::Claim`], [`Step::Open`] of an unreachable store
-    /// is not one of them): a failure like any other, subject to the restart strategy.
+    /// [`Step::Claim`] failed in a way that may pass (the store did not answer the record's write or
+    /// the listing after it): a failure like any other, subject to the restart strategy. Only valid
+    /// after `Claim`: the other steps report a failure in their own event or as [`LifeEvent::Fatal`]
+    /// (a store that cannot be opened is fatal).
     Transient(E),
-    /// A step failed in a way that ends the run.
+    /// A step failed in a way that ends the run; valid after any step.
     Fatal(E),
 }
 
@@ -132,32 +164,75 @@ pub enum Step<E> {
     Open,
     /// Write `job.meta` with this generation and lease, and remove partial attempts of earlier
     /// processes (complete checkpoints all stay): report [`LifeEvent::Begun`].
-    Begin { generation: Generation, lease_end: CheckpointId },
+    Begin {
+        /// The generation this start takes: above the one in `job.meta`, every generation record and
+        /// the savepoint's.
+        generation: Generation,
+        /// The epoch lease: [`EPOCH_LEASE_BLOCK`] above the first epoch of this start.
+        lease_end: CheckpointId,
+    },
     /// List the manifests, then choose the checkpoint to restore (the newest that verifies, or the
     /// savepoint) and load it: report [`LifeEvent::Restored`].
-    Restore { generation: Generation },
+    Restore {
+        /// The generation that will run what is restored.
+        generation: Generation,
+    },
     /// Create the record of `generation` (only if absent) naming `restore_point`, then list the
     /// manifests again: report [`LifeEvent::Claimed`].
-    Claim { generation: Generation, restore_point: Option<CheckpointId> },
+    Claim {
+        /// The generation to record.
+        generation: Generation,
+        /// The newest checkpoint of the store the restore looked at (the one loaded or a newer one
+        /// it skipped); `None` on a fresh start or a start from a savepoint.
+        restore_point: Option<CheckpointId>,
+    },
     /// Remove the record of `generation`: a checkpoint committed while the run started must not be
     /// fenced by it. Report [`LifeEvent::Released`]; the restore runs again.
-    Release { generation: Generation, committed: CheckpointId },
+    Release {
+        /// The generation whose record to remove.
+        generation: Generation,
+        /// The checkpoint committed meanwhile, for the log.
+        committed: CheckpointId,
+    },
     /// Deploy `generation` from what the restore loaded. `first_epoch` is above every epoch ever
     /// issued for the job; `lease_end` is the durable lease. Report [`LifeEvent::Deployed`].
     Deploy {
+        /// The generation to deploy.
         generation: Generation,
+        /// The checkpoint the restore loaded; `None` for a fresh start.
         restored: Option<CheckpointId>,
+        /// The first epoch its coordinator may issue.
         first_epoch: CheckpointId,
+        /// The durable epoch lease (epochs below it may be issued).
         lease_end: CheckpointId,
     },
     /// Run the deployed generation until it ends: report [`LifeEvent::GenerationEnded`].
-    /// `recovered_after_ms`: the time since the failure this generation recovers from.
-    Run { generation: Generation, recovered_after_ms: Option<u64> },
+    Run {
+        /// The generation deployed.
+        generation: Generation,
+        /// Milliseconds since the failure this generation recovers from (the first failure since
+        /// the previous deployment); `None` if no failure preceded it.
+        recovered_after_ms: Option<u64>,
+    },
     /// A failure: wait before restarting (report [`LifeEvent::Waited`], or
     /// [`LifeEvent::StopRequested`]).
-    Wait { delay_ms: u64, attempt: u32, reason: String, cause: Cause },
+    Wait {
+        /// Milliseconds to wait, as the restart strategy decided.
+        delay_ms: u64,
+        /// The number of this restart, from 1.
+        attempt: u32,
+        /// The failure, for the log.
+        reason: String,
+        /// Where it happened.
+        cause: Cause,
+    },
     /// Record in `job.meta` that `generation` starts: report [`LifeEvent::MetaWritten`].
-    NextGeneration { generation: Generation, lease_end: CheckpointId },
+    NextGeneration {
+        /// The generation the restart takes, one above the last.
+        generation: Generation,
+        /// The durable epoch lease to record with it (unchanged).
+        lease_end: CheckpointId,
+    },
     /// The run is over.
     Done(RunEnd<E>),
 }
@@ -180,9 +255,13 @@ pub enum Cause {
 pub enum RunEnd<E> {
     /// The job had finished before this run: nothing was done.
     AlreadyFinished(CheckpointId),
+    /// The job finished: its input ended and this final checkpoint committed everything.
     Finished(CheckpointId),
+    /// Stopped on request, while a generation ran or while waiting to restart.
     Stopped,
+    /// Stopped with a savepoint on request; running the job again resumes from it.
     StoppedWithSavepoint,
+    /// The run failed.
     Failed(RunFailure<E>),
 }
 
@@ -196,14 +275,36 @@ pub enum RunFailure<E> {
     /// The restart strategy gave up, or the same failure repeated [`MAX_REPEATED_FAILURES`] times
     /// after restoring the same checkpoint. `repeated`: how many of the last failures in a row were
     /// the same failure after restoring the same checkpoint (1 if the last one differed).
-    GaveUp { attempts: u32, last: String, repeated: u32, restored: Option<CheckpointId> },
+    GaveUp {
+        /// The restarts granted before.
+        attempts: u32,
+        /// The last failure.
+        last: String,
+        /// How many failures in a row were this one after restoring the same checkpoint.
+        repeated: u32,
+        /// The checkpoint the failing generation had restored.
+        restored: Option<CheckpointId>,
+    },
     /// A failure that restarting cannot mend.
-    Permanent { reason: String },
-    /// Checkpoints keep being committed while this run starts: another coordinator runs the job.
-    KeepsCompleting { checkpoint: CheckpointId },
-    /// `job.meta`, a generation record or a checkpoint directory names a generation or an epoch so
-    /// high that the next one does not exist (u64 overflow): a crafted or damaged store.
-    Exhausted { what: &'static str, value: u64 },
+    Permanent {
+        /// The failure.
+        reason: String,
+    },
+    /// Checkpoints keep being committed while this run starts (more than [`MAX_START_OVERS`] start
+    /// overs): another coordinator runs the job. Stop it first.
+    KeepsCompleting {
+        /// The latest checkpoint committed meanwhile.
+        checkpoint: CheckpointId,
+    },
+    /// `job.meta`, a generation record, a checkpoint directory or the savepoint names a generation or
+    /// an epoch so high that the next one does not exist (u64 overflow): a crafted or damaged store.
+    Exhausted {
+        /// Which quantity: `checkpoint id`, `generation`, `epoch lease`, `savepoint checkpoint id`
+        /// or `savepoint generation`.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,6 +344,8 @@ pub struct RunLifecycle {
 }
 
 impl RunLifecycle {
+    /// A run that has not started, restarted under `restart` and ending after
+    /// [`MAX_REPEATED_FAILURES`] repeated failures. Call [`RunLifecycle::start`] first.
     pub fn new(restart: RestartStrategy) -> RunLifecycle {
         RunLifecycle {
             phase: Phase::Start,
@@ -297,6 +400,10 @@ impl RunLifecycle {
     }
 
     /// What happened at `now`; the next step.
+    ///
+    /// # Panics
+    /// If `event` does not answer the outstanding step (the runtime broke the step protocol), or a
+    /// generation ended with an epoch lease below the one the lifecycle knew.
     pub fn next<E: std::fmt::Display + std::fmt::Debug>(&mut self, now: TimeMs, event: LifeEvent<E>) -> Step<E> {
         use LifeEvent as Ev;
         let step = match (self.phase, event) {

@@ -6,19 +6,44 @@
 use crate::ids::{CheckpointId, TimeMs};
 
 /// How the job is restarted after a failover. Defaults: exponential backoff from 100 ms doubling up to
-/// 10 s, at most 10 attempts; the attempt count resets after the job ran 60 s without failing.
+/// 10 s, at most 10 restarts; the count resets when a failure comes 60 s or more after the previous
+/// one. Check the values with [`RestartStrategy::validate`] before use.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RestartStrategy {
     /// Never restart: the first failure fails the job.
     None,
-    /// Wait `delay_ms` before each restart; give up after `max_attempts` consecutive failures.
-    FixedDelay { delay_ms: u64, max_attempts: u32 },
-    /// Wait `initial_ms`, then twice as long each time up to `max_ms`; give up after `max_attempts`.
-    ExponentialBackoff { initial_ms: u64, max_ms: u64, max_attempts: u32, reset_after_ms: u64 },
+    /// Wait `delay_ms` before each restart; give up at the failure after the `max_attempts`-th
+    /// restart. The count never resets: the failures need not be consecutive.
+    FixedDelay {
+        /// Milliseconds to wait before each restart.
+        delay_ms: u64,
+        /// Restarts allowed in all; 0 gives up at the first failure.
+        max_attempts: u32,
+    },
+    /// Wait `initial_ms`, then twice as long each time up to `max_ms`; give up at the failure after
+    /// the `max_attempts`-th restart.
+    ExponentialBackoff {
+        /// Milliseconds to wait before the first restart.
+        initial_ms: u64,
+        /// The longest wait in milliseconds; at least `initial_ms`.
+        max_ms: u64,
+        /// Restarts allowed before the count resets; 0 gives up at the first failure.
+        max_attempts: u32,
+        /// A failure at least this many milliseconds after the previous one resets the count (and the
+        /// wait) to the first restart's.
+        reset_after_ms: u64,
+    },
     /// Wait `delay_ms` before each restart; give up when more than `max_failures` failures fall within
     /// any window of `interval_ms` (a failure that repeats quickly gives up quickly, while rare failures
     /// over a long run are restarted forever). `max_failures` is at most [`MAX_FAILURE_RATE_FAILURES`].
-    FailureRate { max_failures: u32, interval_ms: u64, delay_ms: u64 },
+    FailureRate {
+        /// Failures tolerated within one window; 0 gives up at the first failure.
+        max_failures: u32,
+        /// The window in milliseconds: a failure counts while it is less than this old. Above 0.
+        interval_ms: u64,
+        /// Milliseconds to wait before each restart.
+        delay_ms: u64,
+    },
 }
 
 /// The largest `max_failures` of [`RestartStrategy::FailureRate`]: the tracker remembers that many
@@ -62,13 +87,24 @@ impl Default for RestartStrategy {
 /// The answer to a failure.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RestartDecision {
-    /// Restart after this many milliseconds; this is attempt number `attempt` (1-based).
-    RestartAfter { delay_ms: u64, attempt: u32 },
+    /// Restart after `delay_ms`.
+    RestartAfter {
+        /// Milliseconds to wait before the restart.
+        delay_ms: u64,
+        /// The number of this restart, from 1 (since the last reset of the count).
+        attempt: u32,
+    },
     /// Do not restart: the job fails.
-    GiveUp { attempts: u32 },
+    GiveUp {
+        /// The restarts granted before (since the last reset of the count).
+        attempts: u32,
+    },
 }
 
-/// Tracks consecutive failures under a [`RestartStrategy`].
+/// Counts failures under a [`RestartStrategy`] and decides each restart. It knows only failure times:
+/// there is no "success" event, so only [`RestartStrategy::ExponentialBackoff`] (after
+/// `reset_after_ms` without failure) and [`RestartStrategy::FailureRate`] (its window) forget old
+/// failures.
 #[derive(Clone, Debug)]
 pub struct RestartTracker {
     strategy: RestartStrategy,
@@ -79,10 +115,13 @@ pub struct RestartTracker {
 }
 
 impl RestartTracker {
+    /// A tracker that has seen no failure. `strategy` is taken as is: check it with
+    /// [`RestartStrategy::validate`] first.
     pub fn new(strategy: RestartStrategy) -> RestartTracker {
         RestartTracker { strategy, attempts: 0, last_restart_at: None, recent: Default::default() }
     }
 
+    /// Failures seen (each one granted or refused a restart) since the count last reset.
     pub fn attempts(&self) -> u32 {
         self.attempts
     }
@@ -138,6 +177,7 @@ impl RestartTracker {
 /// One complete checkpoint found in storage, and whether every file of it verified.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Candidate {
+    /// The checkpoint.
     pub checkpoint: CheckpointId,
     /// `Err(reason)` when a checksum, size or decode check failed.
     pub verified: Result<(), String>,

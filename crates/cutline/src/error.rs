@@ -65,9 +65,12 @@ impl From<std::io::Error> for ConnectorError {
 /// What a source's or sink's methods return.
 pub type ConnectorResult<T> = Result<T, ConnectorError>;
 
-/// Why a task stopped with an error. The task fails and the job restores from its last checkpoint.
+/// Why a task stopped with an error. The task fails and the job restores from its last checkpoint,
+/// unless the failure [is permanent](TaskError::is_permanent): then the run ends.
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
+    /// A downstream task's end of a channel is gone: the job is being torn down (after another
+    /// failure, or a stop), and this task stops with it.
     #[error("a downstream task is gone (the job is being torn down)")]
     Disconnected,
     /// A source failed.
@@ -86,10 +89,23 @@ pub enum TaskError {
         /// What it reported.
         error: ConnectorError,
     },
+    /// State could not be encoded or restored: a checkpoint's state that does not decode or does not
+    /// fit the job (an operator's state type or parallelism changed), or a deployment that does not
+    /// fit the job graph. Permanent: restarting restores the same state again. Keep the operator's
+    /// types and ids, or start from a fresh state directory.
     #[error("state of {uid}: {message}")]
-    State { uid: String, message: String },
+    State {
+        /// The operator, source or sink whose state it is (`(deploy)`, `(restore)` or `(placement)`
+        /// when it concerns the deployment as a whole).
+        uid: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The task was told to stop (failover or shutdown); not a failure of its own.
     #[error("cancelled")]
     Cancelled,
+    /// A failure injected by a `Faults` policy (feature `testing`) at the named
+    /// fault point.
     #[error("injected failure at {0}")]
     Injected(String),
 }

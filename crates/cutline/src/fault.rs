@@ -28,9 +28,12 @@ pub enum FaultPoint {
 pub struct Faults(Option<Arc<dyn Fn(FaultPoint) -> bool + Send + Sync>>);
 
 impl Faults {
+    /// A policy that injects nothing (the default); checking it costs one branch.
     pub fn none() -> Faults {
         Faults(None)
     }
+    /// A policy that fails the operation at a [`FaultPoint`] whenever `policy` returns `true` for it.
+    /// It is called from task and writer threads at once, at every point reached.
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub fn new(policy: impl Fn(FaultPoint) -> bool + Send + Sync + 'static) -> Faults {
         Faults(Some(Arc::new(policy)))

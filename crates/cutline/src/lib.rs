@@ -32,6 +32,8 @@
 //! - `testing` (feature `testing`): the deterministic simulation, the coordinator benchmark, fault
 //!   injection.
 
+#![warn(missing_docs)]
+
 pub mod admin;
 pub mod channel;
 pub mod cluster;

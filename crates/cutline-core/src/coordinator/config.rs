@@ -41,16 +41,18 @@ pub struct CheckpointConfig {
     /// previous trigger, whatever the interval.
     pub max_concurrent: usize,
     /// Consecutive failed checkpoints (timeout, a task's decline, a failed manifest write) tolerated
-    /// before the job fails over. Aborts caused by a failover, and subsumed checkpoints, do not count.
-    /// Default 3.
+    /// before the job fails over. Aborts caused by a failover, subsumed checkpoints and failed
+    /// savepoints do not count; a completed checkpoint resets the count. Default 3.
     pub tolerable_failures: u32,
     /// Alignment mode carried by barriers. Default exactly-once.
     pub mode: CheckpointMode,
     /// Exactly-once checkpoints are unaligned: barriers overtake queued records, which are persisted as
-    /// channel state, so a checkpoint does not wait for a backlog. Default false. Savepoints are always
-    /// aligned.
+    /// channel state, so a checkpoint does not wait for a backlog. Default false. Savepoints and the
+    /// final checkpoint are always aligned (see [`CheckpointConfig::alignment_for`]); at-least-once
+    /// mode refuses it.
     pub unaligned: bool,
-    /// An aligned checkpoint that a task has been aligning for this long switches to unaligned at that
+    /// An aligned checkpoint that a task is still aligning this many milliseconds after its trigger
+    /// (measured from the trigger, not from the task's first barrier) switches to unaligned at that
     /// task (and downstream). Default off.
     pub alignment_timeout_ms: Option<u64>,
     /// An aligned checkpoint whose blocked inputs at a task hold more than this many bytes switches to

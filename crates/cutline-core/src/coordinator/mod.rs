@@ -4,7 +4,7 @@
 //! when a checkpoint is complete, when to abort one, when to fail the job over, and when the job is
 //! finished. It does not: read clocks (time is an argument), write files (it asks for a manifest commit
 //! and waits for the outcome), talk to tasks (it returns decisions the runtime delivers), or choose the
-//! checkpoint to restore (see [`crate::restart`]).
+//! checkpoint to restore (see [`restart`](super::restart)).
 //!
 //! The acknowledgement payload `R` (the task's state handle) is opaque here; the coordinator only
 //! collects it and hands it back in [`Decision::CommitManifest`].
@@ -73,7 +73,12 @@ pub struct Coordinator<R> {
 
 impl<R: Clone> Coordinator<R> {
     /// A coordinator for a freshly deployed generation. `first_id` is above every epoch ever issued for
-    /// this job; `lease_end` is the durable lease (ids `< lease_end` may be issued).
+    /// this job; `lease_end` is the durable lease (ids `< lease_end` may be issued); `last_completed`
+    /// is the checkpoint the generation restored; `now` starts the first interval.
+    ///
+    /// # Panics
+    /// If `config` does not [validate](CheckpointConfig::validate), `sources` is empty or not a subset
+    /// of `tasks`, `first_id` is above `lease_end`, or `last_completed` is not below `first_id`.
     #[allow(clippy::too_many_arguments)] // each is a distinct protocol quantity; a struct would only rename them
     pub fn new(
         config: CheckpointConfig,
@@ -118,18 +123,23 @@ impl<R: Clone> Coordinator<R> {
         }
     }
 
+    /// The generation the coordinator runs now.
     pub fn generation(&self) -> Generation {
         self.generation
     }
+    /// The settings in force.
     pub fn config(&self) -> &CheckpointConfig {
         &self.config
     }
-    /// Change settings while the job runs; they apply from the next trigger.
+    /// Change settings while the job runs; they apply from the next trigger (checkpoints in flight
+    /// keep their barriers, but time out by the new `timeout_ms`). Invalid settings are refused with
+    /// [`CheckpointConfig::validate`]'s message and the old ones stay.
     pub fn set_config(&mut self, config: CheckpointConfig) -> Result<(), String> {
         config.validate()?;
         self.config = config;
         Ok(())
     }
+    /// The newest complete checkpoint: the one restored, or a newer one completed since.
     pub fn last_completed(&self) -> Option<CheckpointId> {
         self.last_completed
     }
@@ -141,27 +151,39 @@ impl<R: Clone> Coordinator<R> {
     pub fn next_id(&self) -> CheckpointId {
         self.next_id
     }
+    /// The checkpoints in flight (triggered, neither complete nor aborted), oldest first; their
+    /// manifests may be being written.
     pub fn pending(&self) -> Vec<CheckpointId> {
         self.pending.keys().copied().collect()
     }
+    /// Statistics of the last [`STATS_HISTORY`] finished attempts, oldest first.
     pub fn history(&self) -> impl Iterator<Item = &CheckpointStats> {
         self.history.iter()
     }
+    /// Checkpoints completed since the coordinator was created (across restarts).
     pub fn completed_count(&self) -> u64 {
         self.completed_count
     }
+    /// Checkpoints that failed since the coordinator was created: the aborts that
+    /// [count as failures](AbortReason::counts_as_failure), savepoints excepted.
     pub fn failed_count(&self) -> u64 {
         self.failed_count
     }
+    /// [`Decision::JobFinished`] was decided: the job is done or stopped with a savepoint.
     pub fn is_finished(&self) -> bool {
         self.phase == Phase::Finished
     }
+    /// [`Decision::FailOver`] was decided and [`Coordinator::restart`] has not been called since.
     pub fn is_failing_over(&self) -> bool {
         self.phase == Phase::FailingOver
     }
 
-    /// Start a new generation after a failover: every pending checkpoint is aborted (its artifacts are
-    /// discarded), epochs continue above every epoch issued before.
+    /// Start a new generation after a failover: every checkpoint still pending, one whose manifest is
+    /// being written too, is aborted with [`AbortReason::FailOver`] (the runtime discards its artifacts;
+    /// storage refuses to discard one whose manifest landed), a savepoint waiting for an epoch is
+    /// rejected, and epochs continue above every epoch issued before. `restored` is the checkpoint the
+    /// new generation restored. Panics if `generation` is not above the current one, `sources` is
+    /// empty or not a subset of `tasks`, or `restored` is not below [`Coordinator::next_id`].
     pub fn restart(
         &mut self,
         generation: Generation,

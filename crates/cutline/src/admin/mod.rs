@@ -4,7 +4,7 @@
 //! It owns the socket file (binding, refusing when another live job answers there, replacing a stale
 //! file, removing it when the server is dropped), the request/answer protocol and its parsing, and the
 //! formatting of settings and status. It does not own any job behaviour: every request is carried out
-//! through [`JobControl`], which decides whether settings are valid (`CheckpointConfig::validate`),
+//! through [`JobControl`](super::JobControl), which decides whether settings are valid (`CheckpointConfig::validate`),
 //! takes and exports savepoints and stops the job.
 //!
 //! # Who may connect
@@ -22,7 +22,7 @@
 //! [`REQUEST_READ_TIMEOUT`]; at most [`MAX_WAITING_CONNECTIONS`] wait at once, and a new one pushes
 //! out the longest waiting. Idle connections therefore never hold the [`MAX_CONNECTIONS`] handlers,
 //! which only complete requests get. Requests other than savepoints are answered within
-//! [`CONTROL_ANSWER_TIMEOUT`](crate::runtime::CONTROL_ANSWER_TIMEOUT) (`error: ...` if the job's
+//! [`CONTROL_ANSWER_TIMEOUT`](super::runtime::CONTROL_ANSWER_TIMEOUT) (`error: ...` if the job's
 //! coordinator does not answer), and a client waits [`QUICK_ANSWER_TIMEOUT`] for them, so `cutline
 //! status` against a hung or stopped (`SIGSTOP`) job fails in seconds; a savepoint request waits up to
 //! [`DEFAULT_ANSWER_TIMEOUT`].
@@ -69,6 +69,9 @@
 
 mod client;
 mod peer;
+// TODO(docs): document `Request` and its variants and `Setting`'s variants in protocol.rs (being
+// edited elsewhere now), then remove this allow.
+#[allow(missing_docs)]
 mod protocol;
 mod server;
 mod status;
@@ -105,7 +108,7 @@ const ANSWER_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// a while.
 pub const DEFAULT_ANSWER_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long [`request`] waits for the answer to any other request (the job answers within
-/// [`CONTROL_ANSWER_TIMEOUT`](crate::runtime::CONTROL_ANSWER_TIMEOUT), or says it could not).
+/// [`CONTROL_ANSWER_TIMEOUT`](super::runtime::CONTROL_ANSWER_TIMEOUT), or says it could not).
 pub const QUICK_ANSWER_TIMEOUT: Duration = Duration::from_secs(8);
 /// How long [`serve`] waits for the answer of a process found on the socket.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -121,31 +124,77 @@ const SUN_PATH_BYTES: usize = 108;
 #[cfg(not(target_os = "linux"))]
 const SUN_PATH_BYTES: usize = 104;
 
-/// What went wrong serving or reaching the admin socket.
+/// What went wrong serving or reaching the admin socket. Messages (Display) name the socket and say
+/// what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
+    /// The client found no socket file, or nothing accepts connections on it: the job is not running
+    /// (or runs with another state directory). [`serve`] treats such a file as stale and replaces it.
     #[error("no running job answers on {}", socket.display())]
-    NotRunning { socket: PathBuf },
+    NotRunning {
+        /// The socket path asked.
+        socket: PathBuf,
+    },
+    /// [`serve`] found a live job answering on the socket (or lost a race to bind it): two jobs must
+    /// not share a state directory. Stop the other job or use another directory.
     #[error("another running job already answers on {}: stop it first, or use another state directory", socket.display())]
-    AlreadyServing { socket: PathBuf },
+    AlreadyServing {
+        /// The socket path.
+        socket: PathBuf,
+    },
+    /// [`serve`] found something other than a socket at the path and left it alone.
     #[error("{} exists and is not a socket: move it away, or use another state directory", path.display())]
-    NotASocket { path: PathBuf },
+    NotASocket {
+        /// The path found occupied.
+        path: PathBuf,
+    },
+    /// The socket path does not fit a Unix domain socket address (both [`serve`] and the client check
+    /// it before touching the file). Use a shorter state directory path.
     #[error("the socket path {} is {len} bytes long, and Unix domain sockets allow at most {max}: use a shorter path", path.display())]
-    PathTooLong { path: PathBuf, len: usize, max: usize },
+    PathTooLong {
+        /// The path.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+        /// The longest path allowed in bytes: 107 on Linux, 103 elsewhere.
+        max: usize,
+    },
+    /// A system call on the socket failed (binding, permissions, connecting, reading the answer).
     #[error("admin socket {}: cannot {what}: {source}", socket.display())]
     Io {
+        /// The socket path.
         socket: PathBuf,
+        /// What was attempted, for the message (`bind`, `connect`, `read the answer`, ...).
         what: &'static str,
+        /// The error the operating system reported.
         #[source]
         source: std::io::Error,
     },
+    /// The client sent its request but the answer did not come (or the request could not be written)
+    /// in time: the job is hung or suspended. Nothing says whether the request was carried out;
+    /// check with `status` before repeating a savepoint or a stop.
     #[error("no answer from {} within {} s: the job is hung or stopped (suspended with SIGSTOP or Ctrl-Z?); check its process, or try again", socket.display(), after.as_secs())]
-    Timeout { socket: PathBuf, after: Duration },
+    Timeout {
+        /// The socket path.
+        socket: PathBuf,
+        /// How long the client waited.
+        after: Duration,
+    },
+    /// The client refused to send the request: it holds a newline, or is longer than
+    /// [`MAX_REQUEST_BYTES`] with its newline. Nothing was sent.
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// The answer was empty (the connection closed first, for example because the job ended) or, for
+    /// [`request_ok`], started with neither `ok` nor `error:`.
     #[error("malformed answer from {}: {reason}", socket.display())]
-    BadAnswer { socket: PathBuf, reason: String },
-    /// The job answered `error: <reason>`.
+    BadAnswer {
+        /// The socket path.
+        socket: PathBuf,
+        /// What was wrong with the answer.
+        reason: String,
+    },
+    /// The job answered `error: <reason>` (from [`request_ok`]; [`request`] returns such answers as
+    /// they are). The reason says what to change.
     #[error("{0}")]
     Refused(String),
 }

@@ -1,6 +1,6 @@
-//! The data plane inside a process: what travels on a data channel ([`Message`]), the bounded FIFO
-//! channels between tasks with credit-based flow control ([`queue`]), the [`Waker`] tasks sleep on,
-//! and the type-erased, encoding channel ends that cross processes ([`pump`]).
+//! The data plane inside a process: what travels on a data channel (`Message`), the bounded FIFO
+//! channels between tasks with credit-based flow control (`queue`), the `Waker` tasks sleep on,
+//! and the type-erased, encoding channel ends that cross processes (`pump`).
 //!
 //! Lowest layer of the runtime: it knows records only as [`Data`] and barriers only as values to keep
 //! in order. It decides nothing about checkpoints.

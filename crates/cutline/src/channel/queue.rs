@@ -246,7 +246,10 @@ impl<T> Drop for Rx<T> {
 pub struct ChannelStats {
     /// "upstream#i->downstream#j".
     pub name: String,
+    /// Data batches queued now, not yet taken by the downstream task.
     pub queued_batches: usize,
+    /// Batches the upstream task may queue before it stops starting new work (the run's
+    /// `RunConfig::channel_capacity`).
     pub capacity_batches: usize,
     /// The most batches ever queued (it may exceed the capacity by one input batch's output).
     pub high_water_batches: usize,

@@ -3,15 +3,16 @@
 use super::wire::{self, FrameProtection, Secret};
 use crate::runtime::RunError;
 
-/// Default interval of heartbeats, both ways.
+/// Default interval of heartbeats in milliseconds, both ways.
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 200;
-/// Default silence after which a peer is lost.
+/// Default silence in milliseconds after which a peer is lost.
 pub const DEFAULT_HEARTBEAT_TIMEOUT_MS: u64 = 3_000;
-/// How long the first generation waits for all workers to join.
+/// Default of [`ClusterConfig::join_timeout_ms`]: how long, in milliseconds, a generation waits for
+/// enough workers to join before its deployment fails.
 pub const DEFAULT_JOIN_TIMEOUT_MS: u64 = 120_000;
-/// How long a restart waits for lost workers to be replaced before it runs on fewer.
+/// How long, in milliseconds, a restart waits for lost workers to be replaced before it runs on fewer.
 pub const DEFAULT_REPLACEMENT_WAIT_MS: u64 = 5_000;
-/// How long the workers may take to deploy a generation (restore state, open links).
+/// How long, in milliseconds, the workers may take to deploy a generation (restore state, open links).
 pub const DEFAULT_DEPLOY_TIMEOUT_MS: u64 = 60_000;
 /// How a coordinator runs a job on worker processes.
 #[derive(Clone)]
@@ -28,17 +29,36 @@ pub struct ClusterConfig {
     pub job_args: Vec<String>,
     /// The checkpoint storage every worker opens (a path every host sees, or `s3://bucket/prefix`).
     pub state: String,
+    /// Milliseconds between heartbeats, both ways; workers take it from the coordinator.
     pub heartbeat_interval_ms: u64,
+    /// Milliseconds of silence after which the coordinator drops a worker (and a worker its
+    /// coordinator); above `heartbeat_interval_ms`. Also how long tearing a generation down waits
+    /// for each worker to confirm its tasks stopped before it is dropped.
     pub heartbeat_timeout_ms: u64,
+    /// Milliseconds a generation waits for its workers: all `workers` for the first generation; after
+    /// a loss, `min_workers` once `replacement_wait_ms` passed. Then the deployment fails, and the
+    /// restart strategy decides whether to try again.
     pub join_timeout_ms: u64,
+    /// Milliseconds a restart waits for lost workers to be replaced before it runs on at least
+    /// `min_workers`.
     pub replacement_wait_ms: u64,
+    /// Milliseconds the workers may take to deploy a generation; then the deployment fails (a failure
+    /// subject to the restart strategy).
     pub deploy_timeout_ms: u64,
+    /// The largest frame, in bytes, every connection of the cluster accepts after its handshake
+    /// (workers take it from the coordinator); a larger one drops the connection with a message
+    /// naming this setting.
+    /// Default 64 MiB.
     pub max_frame_bytes: u32,
     /// Whether the frames of the coordinator's connections are sealed (workers must agree).
     pub frame_protection: FrameProtection,
 }
 
 impl ClusterConfig {
+    /// A cluster of `workers` workers connecting to `listen`, with the given `secret`, job arguments
+    /// and checkpoint storage, and the defaults for everything else (`min_workers` 1). The secret and
+    /// the worker counts are checked when the cluster is spawned
+    /// ([`RunError::Config`](super::super::RunError::Config)).
     pub fn new(
         listen: impl Into<String>,
         workers: usize,

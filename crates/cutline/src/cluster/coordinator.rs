@@ -40,6 +40,8 @@ pub(crate) const INBOX_MESSAGES: usize = 4096;
 pub(crate) const LOST_WORKER_GRACE_MS: u64 = 250;
 /// Start `graph` as the coordinator of a cluster on a background thread: workers join at
 /// `cluster.listen`, the coordinator places tasks on them, and controls the job like [`crate::spawn`].
+/// Fails at once with [`RunError::Config`] if `cluster` is invalid or `cluster.listen` cannot be
+/// bound (or [`RunError::Spawn`] without a thread); every later error comes from [`JobHandle::join`].
 pub fn spawn_cluster(graph: JobGraph, cfg: RunConfig, cluster: ClusterConfig) -> Result<JobHandle, RunError> {
     let secret = cluster.validate()?;
     let listener = TcpListener::bind(&cluster.listen).map_err(|e| {

@@ -1,11 +1,8 @@
-//! The worker side of a cluster: joining (and rejoining) a coordinator, the session loop that carries
-//! out the coordinator's messages and sends acknowledgements and heartbeats, and the acceptor of data
-//! links from other workers.
-//!
-//! A worker retries what may get better (an unreachable coordinator, a lost connection) until its
-//! rejoin timeout, and stops at once on what cannot: a rejected secret, a coordinator that cannot
-//! prove it holds the secret, different frame protection, a job graph that differs from the
-//! coordinator's ([`WorkerError`]).
+//! The worker side of a cluster: joining (and rejoining) a coordinator, the session loop that carries out its
+//! messages and sends acknowledgements and heartbeats, and the acceptor of data links from other workers. A worker
+//! retries what may get better (an unreachable coordinator, a lost connection) until its rejoin timeout, and stops at
+//! once on what cannot ([`WorkerError`]): a rejected secret, a coordinator that cannot prove it holds the secret,
+//! different frame protection, a job graph that differs from the coordinator's.
 
 use super::acks::TaskEvent;
 use super::admit::MAX_PENDING_HANDSHAKES;
@@ -41,13 +38,14 @@ const FROM_COORDINATOR_MESSAGES: usize = 1024;
 pub struct WorkerConfig {
     /// The coordinator's address.
     pub join: String,
+    /// The cluster's shared secret, the coordinator's (at least 16 bytes).
     pub secret: Vec<u8>,
-    /// Where this worker listens for other workers' data links ("0.0.0.0:0": any port).
+    /// Where this worker listens for other workers' data links ("0.0.0.0:0": any port; default "127.0.0.1:0").
     pub listen: String,
     /// The address other workers use to reach this one (default: the listening address; give the
     /// host's address when listening on 0.0.0.0).
     pub advertise: Option<String>,
-    /// How long the worker keeps trying to reach a coordinator that is gone before it exits.
+    /// Milliseconds the worker keeps trying to reach a coordinator that is gone before it gives up.
     pub rejoin_timeout_ms: u64,
     /// Whether the frames of this worker's connections are sealed (the coordinator and the other
     /// workers must come to the same decision).
@@ -57,6 +55,7 @@ pub struct WorkerConfig {
 }
 
 impl WorkerConfig {
+    /// A worker that joins the coordinator at `join` with `secret`, with the defaults for everything else.
     pub fn new(join: impl Into<String>, secret: Vec<u8>) -> WorkerConfig {
         WorkerConfig {
             join: join.into(),
@@ -83,14 +82,24 @@ pub enum WorkerError {
          file as the coordinator (--secret-file or CUTLINE_SECRET_FILE) and start it again",
         origin(.secret_origin)
     )]
-    WrongSecret { join: String, secret_origin: Option<String> },
+    WrongSecret {
+        /// The coordinator's address.
+        join: String,
+        /// Where the secret came from ([`WorkerConfig::secret_origin`]).
+        secret_origin: Option<String>,
+    },
     /// The process at the coordinator's address does not prove that it holds the secret.
     #[error(
         "the process at {join} does not prove that it holds the cluster secret{}: check that --join names \
          this cluster's coordinator, and give the coordinator and this worker the same secret file",
         origin(.secret_origin)
     )]
-    CoordinatorWithoutSecret { join: String, secret_origin: Option<String> },
+    CoordinatorWithoutSecret {
+        /// The address the worker reached.
+        join: String,
+        /// Where the worker's secret came from ([`WorkerConfig::secret_origin`]).
+        secret_origin: Option<String>,
+    },
     /// This worker and the coordinator (or another worker) disagree on frame protection.
     #[error("{0}")]
     FrameProtection(String),
@@ -99,10 +108,20 @@ pub enum WorkerError {
         "this worker cannot run the coordinator's job: {difference}; run every process of the cluster with the \
          same binary and the same job"
     )]
-    GraphMismatch { difference: String },
+    GraphMismatch {
+        /// The first difference found between the two graphs.
+        difference: String,
+    },
     /// No coordinator could be reached (or joined) for the rejoin timeout.
     #[error("no coordinator at {join} for {timeout_ms} ms (last error: {last}); giving up")]
-    CoordinatorGone { join: String, timeout_ms: u64, last: String },
+    CoordinatorGone {
+        /// The coordinator's address.
+        join: String,
+        /// How long the worker tried, in milliseconds ([`WorkerConfig::rejoin_timeout_ms`]).
+        timeout_ms: u64,
+        /// The last connection error.
+        last: String,
+    },
 }
 
 fn origin(o: &Option<String>) -> String {

@@ -23,6 +23,18 @@ use std::sync::Arc;
 /// Appends one record's bytes to a buffer.
 type FormatFn<T> = Arc<dyn Fn(&T, &mut Vec<u8>) + Send + Sync>;
 
+/// Exactly-once output as files in a directory `DIR`: each record becomes one line (`format`'s bytes
+/// and a newline). A subtask writes its records into a pending file in `DIR/.pending/`, fsyncs it at
+/// the barrier and, once the checkpoint completes, publishes it as
+/// `DIR/part-<uid>-<subtask>-<checkpoint id, 12 digits>` with a hard link that never replaces a file
+/// (a rename where the file system has no hard links). Readers of `DIR` see only committed files;
+/// a checkpoint in which a subtask wrote nothing publishes no file for it.
+///
+/// Use one output directory per job: a commit that finds its file name taken by a file of other
+/// content (another run's output) fails permanently, naming both, and so does one whose published
+/// and pending files were both removed. Do not move or delete `part-*` files while the job can still
+/// restore a checkpoint that lists them. A copy of the directory (`cp -a`, a backup) is fine: a
+/// commit recognises its own file by length and CRC-32.
 pub struct TransactionalFileSink<T> {
     dir: PathBuf,
     format: FormatFn<T>,
@@ -43,7 +55,9 @@ struct OpenFile {
 /// A prepared file of a [`TransactionalFileSink`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingFile {
+    /// The file's name in `DIR/.pending/` (`<uid>@<subtask>@<job>@<incarnation>-<seq>.pending`).
     pub pending: String,
+    /// The name it is published under in `DIR` (`part-<uid>-<subtask>-<checkpoint, 12 digits>`).
     pub final_name: String,
     /// What the file holds, so a commit can tell its own committed file (or a copy of it) from
     /// another run's file of the same name.
@@ -61,7 +75,12 @@ pub enum FileIdentity {
     /// of the directory does not.
     DevIno(u64, u64),
     /// The length and CRC-32 of the file's bytes, recorded at prepare.
-    Content { len: u64, crc32: u32 },
+    Content {
+        /// The file's length in bytes.
+        len: u64,
+        /// The CRC-32 (IEEE) of its bytes.
+        crc32: u32,
+    },
 }
 
 impl std::fmt::Display for FileIdentity {

@@ -14,6 +14,8 @@ pub struct GeneratorSource<T> {
 }
 
 impl<T> GeneratorSource<T> {
+    /// `count` records in all (over every subtask), record `i` being `f(i)`. `f` must be
+    /// deterministic: a restore replays records from their index.
     pub fn new(count: u64, f: impl Fn(u64) -> T + Send + Sync + 'static) -> GeneratorSource<T> {
         GeneratorSource { count, f: std::sync::Arc::new(f), next: 0, step: 1 }
     }

@@ -54,7 +54,9 @@ pub struct LineFileSource {
 /// the line before it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct LineOffset {
+    /// Byte offset in the file where the next line starts.
     pub byte: u64,
+    /// Number of the next line, from 0 (over the whole file, not only this subtask's lines).
     pub line: u64,
     /// The last line read (`None` at the start, and in offsets of checkpoints taken before cutline
     /// recorded it): a restore checks the input still holds it.
@@ -70,6 +72,9 @@ pub struct LineCheck {
 }
 
 impl LineFileSource {
+    /// The lines of the file at `path`, at most [`MAX_LINE_BYTES`] each. Nothing is opened yet: each
+    /// task opens the file in `open`, and a file that cannot be opened fails the task (a transient
+    /// failure: the job restarts under its strategy).
     pub fn new(path: impl Into<PathBuf>) -> LineFileSource {
         LineFileSource {
             path: path.into(),

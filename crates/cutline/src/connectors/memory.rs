@@ -24,6 +24,7 @@ impl MemoryTxnStore {
     pub fn committed_records(&self) -> Vec<String> {
         self.committed.iter().flat_map(|(_, _, r)| r.iter().cloned()).collect()
     }
+    /// Transactions prepared and neither committed nor discarded by a recovery yet.
     pub fn prepared_count(&self) -> usize {
         self.prepared.len()
     }
@@ -45,6 +46,8 @@ impl Clone for MemoryTxnSink {
 }
 
 impl MemoryTxnSink {
+    /// A sink into `store`, unopened. Every task of the sink (and every job) may share one store:
+    /// transactions are named after the sink's uid, subtask and job.
     pub fn new(store: Arc<Mutex<MemoryTxnStore>>) -> Self {
         MemoryTxnSink { store, ctx: None, open: Vec::new(), seq: 0 }
     }

@@ -18,7 +18,9 @@ use serde::Serialize;
 pub struct SinkContext {
     /// The sink's stable id.
     pub uid: String,
+    /// This instance's index within the sink's stage, `0..parallelism`.
     pub subtask: u32,
+    /// Instances of the sink's stage.
     pub parallelism: u32,
     /// Unique for every incarnation of the task, across restarts and processes.
     pub incarnation: u64,

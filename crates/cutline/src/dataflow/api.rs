@@ -24,7 +24,9 @@ use std::sync::Arc;
 /// Either of two record types: the input of a two-input operator (see [`Stream::connect`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Either<A, B> {
+    /// A record of the first stream (the one `connect` was called on).
     Left(A),
+    /// A record of the second stream (the one passed to `connect`).
     Right(B),
 }
 
@@ -43,11 +45,15 @@ struct Builder {
     errors: Vec<String>,
 }
 
-/// Errors found when a job is built.
+/// Errors found when a job is built ([`Job::build`]): every problem found, each saying what to
+/// change. Nothing runs until the job builds.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid job {job}: {}", problems.join("; "))]
 pub struct GraphError {
+    /// The job's name (`?` when a stream of the job was still alive and the job could not be read).
     pub job: String,
+    /// The problems, in the order found: invalid or shared ids, parallelism out of range, a stream
+    /// never consumed, a forward edge between different parallelisms.
     pub problems: Vec<String>,
 }
 

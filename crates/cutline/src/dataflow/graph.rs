@@ -142,9 +142,15 @@ pub(crate) fn channel_factory<T: Data>() -> ChannelFactory {
 /// Kind of an edge (for validation and display).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EdgeKind {
+    /// Subtask `i` feeds subtask `i` of a stage of the same parallelism ([`Stream::forward`](super::Stream::forward)).
     Forward,
+    /// Each record goes to the subtask that owns its key's key group
+    /// ([`Stream::key_by`](super::Stream::key_by)).
     Hash,
+    /// Records are spread round-robin over the downstream subtasks
+    /// ([`Stream::rebalance`](super::Stream::rebalance)).
     Rebalance,
+    /// Every record goes to every downstream subtask ([`Stream::broadcast`](super::Stream::broadcast)).
     Broadcast,
 }
 
@@ -175,6 +181,7 @@ pub struct JobGraph {
 }
 
 impl JobGraph {
+    /// The job's name, as given to [`Job::new`](super::Job::new).
     pub fn name(&self) -> &str {
         &self.name
     }

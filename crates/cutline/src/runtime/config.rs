@@ -9,22 +9,30 @@ use cutline_storage::CheckpointStore;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// Batches a data channel holds before its sender blocks (backpressure).
+/// Batches a data channel holds before its upstream task stops starting new work (backpressure: a
+/// task reads input or polls its source only while every output channel has room; the output of
+/// work already started may overdraw a channel, pushing never blocks).
 pub const DEFAULT_CHANNEL_CAPACITY: usize = 16;
 /// Snapshots queued for the writers before a task blocks at its next barrier.
 pub const SNAPSHOT_QUEUE_CAPACITY: usize = 64;
 /// Complete checkpoints kept by retention.
 pub const DEFAULT_RETAINED_CHECKPOINTS: usize = 3;
-/// How often the coordinator looks at the clock when nothing happens.
+/// How often, in milliseconds, the coordinator looks at the clock when nothing happens.
 pub const DEFAULT_TICK_MS: u64 = 1;
 
-/// How a job runs. Build with [`RunConfig::new`] and adjust fields.
+/// How a job runs. Build with [`RunConfig::new`] and adjust fields; the run checks them when it
+/// starts and fails with [`RunError::Config`](super::RunError::Config) saying what to change.
 #[derive(Clone)]
 pub struct RunConfig {
+    /// Where checkpoints, `job.meta` and the generation records live. The run holds the store's lock
+    /// ([`CheckpointStore::lock`]) while it runs; two runs must not share a store.
     pub store: Arc<dyn CheckpointStore>,
     /// Identifies the job in its state directory: a directory written by another job is refused.
     pub job_fingerprint: String,
+    /// Checkpoint settings (default [`CheckpointConfig::default`]); they may be changed while the job
+    /// runs through [`JobControl::set_checkpoint_config`](super::JobControl::set_checkpoint_config).
     pub checkpoint: CheckpointConfig,
+    /// How the job restarts after a failover (default [`RestartStrategy::default`]).
     pub restart: RestartStrategy,
     /// Complete checkpoints kept (default 3).
     pub retain: usize,
@@ -45,7 +53,8 @@ pub struct RunConfig {
     /// Start from this exported savepoint when the store holds no complete checkpoint yet (a later
     /// restart of the same run resumes from the run's own checkpoints).
     pub from_savepoint: Option<PathBuf>,
-    /// Where savepoints go when a request names no directory: `<dir>/sp-<checkpoint>`.
+    /// Where savepoints go when a request names no directory: `<dir>/sp-<checkpoint id, 20 digits
+    /// zero-padded>`. Without it, a savepoint request must name its directory.
     pub savepoint_dir: Option<PathBuf>,
     /// The same failure this many times in a row, each time after restoring the same checkpoint,
     /// ends the run whatever `restart` allows (default 3,
@@ -58,6 +67,9 @@ pub struct RunConfig {
 pub const DEFAULT_MAX_CHANNEL_STATE_BYTES: u64 = 256 << 20;
 
 impl RunConfig {
+    /// The default settings for a job whose state lives in `store`, identified there by
+    /// `job_fingerprint` (change it when the job's meaning changes: a store written under another
+    /// fingerprint is refused).
     pub fn new(store: Arc<dyn CheckpointStore>, job_fingerprint: impl Into<String>) -> RunConfig {
         RunConfig {
             store,

@@ -90,15 +90,18 @@ impl JobControl {
     }
 
     /// Take a savepoint now (always aligned and exactly-once) and export it to `target` (a new or
-    /// empty directory; default `RunConfig::savepoint_dir/sp-<checkpoint>`). Returns once it is
-    /// exported and verified.
+    /// empty directory; default `<RunConfig::savepoint_dir>/sp-<checkpoint id, 20 digits>`, refused
+    /// when neither is set). Returns once it is exported and verified. Refused while another savepoint
+    /// is in progress, while the job restarts, finishes or stops; the error says so.
     pub fn savepoint(&self, target: Option<PathBuf>) -> Result<SavepointInfo, String> {
         self.savepoint_request(false, target)
     }
 
     /// Take a savepoint after which the sources stop: the job drains, commits its output up to the
     /// savepoint and stops. If the savepoint fails, the job fails over and keeps running, and the
-    /// error says why. Wait for the job with [`JobHandle::join`].
+    /// error says why; if only its export fails, the job stops anyway (the savepoint is complete in
+    /// the job's own store, from which running the job again resumes). Wait for the job with
+    /// [`JobHandle::join`].
     pub fn stop_with_savepoint(&self, target: Option<PathBuf>) -> Result<SavepointInfo, String> {
         self.savepoint_request(true, target)
     }
@@ -162,6 +165,9 @@ impl JobHandle {
 }
 
 /// Start `graph` on a background thread; see [`run`] for what it does.
+///
+/// # Panics
+/// If the operating system cannot start the thread.
 pub fn spawn(graph: JobGraph, cfg: RunConfig) -> JobHandle {
     let (tx, rx) = crossbeam_channel::unbounded();
     let thread = std::thread::Builder::new()

@@ -172,7 +172,10 @@ pub const CHECKPOINTS_KEPT: usize = 1_000;
 /// Why a checkpoint failed, with the tasks that held it up named.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FailedCheckpoint {
+    /// The checkpoint.
     pub checkpoint: CheckpointId,
+    /// Why it failed, with the tasks named (`timed out waiting for map#0, map#1`, `declined by
+    /// sink#0: ...`, `manifest write failed: ...`).
     pub reason: String,
     /// The tasks that had not acknowledged (timeout) or declined.
     pub held_up_by: Vec<String>,

@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 /// A completed, exported savepoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SavepointInfo {
+    /// The checkpoint the savepoint was taken as.
     pub checkpoint: CheckpointId,
     /// The self-contained directory: pass it to a new run with `--from-savepoint` /
-    /// [`crate::RunConfig::from_savepoint`].
+    /// [`RunConfig::from_savepoint`](super::RunConfig::from_savepoint).
     pub path: PathBuf,
     /// Bytes of state copied.
     pub bytes: u64,

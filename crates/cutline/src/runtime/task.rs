@@ -34,7 +34,10 @@ pub(crate) enum Control {
 /// Timings and shape of one snapshot at one task.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct SnapshotTimings {
+    /// Milliseconds from the first barrier of the checkpoint at this task to its snapshot (0 at a
+    /// source).
     pub alignment_ms: u64,
+    /// Milliseconds from the trigger at the coordinator to the first barrier at this task.
     pub start_delay_ms: u64,
     /// The snapshot was unaligned here (from the start, or switched).
     pub unaligned: bool,

@@ -1,4 +1,4 @@
-//! Operator state: the stable key hash that maps keys to key groups ([`hash`](self)), snapshot images
+//! Operator state: the stable key hash that maps keys to key groups ([`stable_hash`]), snapshot images
 //! taken at a barrier and encoded off the task thread, and the index a restored job reads its state
 //! from.
 //!

@@ -3,7 +3,7 @@
 //!
 //! It owns the set-up of a real [`Coordinator`] over a [`MemStore`], the simulated acks and the timing.
 //! It does not run tasks, threads or a network: the task state files are written to the store and the
-//! ack messages are built and postcard-encoded (through the workers' [`AckAggregator`]) outside the
+//! ack messages are built and postcard-encoded (through the workers' `AckAggregator`) outside the
 //! timed section, as they would be by workers. The timed section is what the coordinator process does
 //! per checkpoint once the messages arrived: decode every message, turn it into coordinator events and
 //! pass them to the coordinator loop (one channel send per message, as the cluster runtime does),
@@ -43,11 +43,15 @@ impl Default for CoordBench {
     }
 }
 
-/// Median, 99th percentile and maximum of some samples, in microseconds.
+/// Median, 99th percentile and maximum of some samples, in microseconds (nearest-rank percentiles;
+/// all 0 without samples).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Percentiles {
+    /// The median, in microseconds.
     pub median_us: f64,
+    /// The 99th percentile, in microseconds.
     pub p99_us: f64,
+    /// The largest sample, in microseconds.
     pub max_us: f64,
 }
 
@@ -66,6 +70,7 @@ impl Percentiles {
 /// What [`coordinator_bench`] measured.
 #[derive(Clone, Debug)]
 pub struct CoordBenchResult {
+    /// What was measured.
     pub config: CoordBench,
     /// Ack messages the coordinator decoded per checkpoint.
     pub messages_per_checkpoint: u32,
@@ -75,16 +80,18 @@ pub struct CoordBenchResult {
     pub control_sends_per_checkpoint: u32,
     /// Coordinator time per checkpoint (the timed section, whole).
     pub total: Percentiles,
-    /// Its parts: postcard decoding, `into_events` and the channel send per message; taking the
-    /// messages off the channel and `Coordinator::handle` of every ack; `carry_out`
-    /// (manifest commit into the store, completion, retention).
+    /// The first of its three parts: postcard decoding, `into_events` and the channel send per
+    /// message.
     pub decode: Percentiles,
+    /// Taking the messages off the channel and [`Coordinator::handle`] of every ack.
     pub handle: Percentiles,
+    /// Carrying out the decisions: manifest commit into the store, completion, retention.
     pub carry_out: Percentiles,
     /// Per measured checkpoint, the whole timed section in nanoseconds.
     pub samples_ns: Vec<u64>,
-    /// The last checkpoint (complete) and how many completed, warm-up included.
+    /// The last checkpoint (complete).
     pub last_checkpoint: CheckpointId,
+    /// Checkpoints completed, warm-up included.
     pub completed: u64,
 }
 
@@ -294,7 +301,7 @@ fn run(cfg: &CoordBench, store: &MemStore) -> CoordBenchResult {
 /// robin. Writes every task's state to `store` first (the manifest commit checks that the files exist).
 ///
 /// The aggregators live only for this call: a real worker keeps one per generation, but in its own
-/// process. Kept here, their memory (up to [`crate::cluster::acks::MAX_TRACKED_CHECKPOINTS`] groups of
+/// process. Kept here, their memory (up to `acks::MAX_TRACKED_CHECKPOINTS` groups of
 /// every task) shares the coordinator's heap and caches and made the aggregated runs look ~40% slower
 /// in the timed section, which measures the coordinator alone.
 fn worker_messages(

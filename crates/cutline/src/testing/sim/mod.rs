@@ -44,9 +44,11 @@ use std::sync::{Arc, Mutex};
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator seeded from `seed` (any value, 0 included).
     pub fn new(seed: u64) -> Rng {
         Rng(crate::state::splitmix64(seed) | 1)
     }
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
@@ -55,6 +57,7 @@ impl Rng {
         self.0 = x;
         x.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
+    /// A number in `0..n` (slightly biased for huge `n`). Panics if `n` is 0.
     pub fn below(&mut self, n: u64) -> u64 {
         assert!(n > 0);
         self.next_u64() % n
@@ -68,7 +71,9 @@ impl Rng {
 /// How exactly-once checkpoints align in a simulation run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SimAlignment {
+    /// Always aligned.
     Aligned,
+    /// Always unaligned: barriers overtake queued records, which become channel state.
     Unaligned,
     /// Aligned with a small random alignment timeout and byte limit, so tasks switch.
     WithTimeout,
@@ -79,6 +84,7 @@ pub enum SimAlignment {
 /// What a simulation run does. Probabilities are per million scheduler steps (or per operation).
 #[derive(Clone, Debug)]
 pub struct SimOptions {
+    /// The checkpoint mode (default exactly-once).
     pub mode: CheckpointMode,
     /// Alignment of exactly-once checkpoints (ignored in at-least-once mode).
     pub alignment: SimAlignment,
@@ -87,10 +93,13 @@ pub struct SimOptions {
     pub stall_ppm: u64,
     /// Records of source "left" (parallelism 2) and "right" (parallelism 1, behind a forward edge).
     pub left_records: u64,
+    /// Records of source "right" (see `left_records`).
     pub right_records: u64,
     /// Records of source "rules" (parallelism 1), broadcast to 2 subtasks and unioned into "left".
     pub rules_records: u64,
+    /// Distinct keys the records of all sources are spread over.
     pub keys: u64,
+    /// Checkpoints in flight at once (`CheckpointConfig::max_concurrent`).
     pub max_concurrent: usize,
     /// A task fails at a random step.
     pub task_crash_ppm: u64,
@@ -102,6 +111,7 @@ pub struct SimOptions {
     pub fault_point_ppm: u64,
     /// A storage write fails.
     pub storage_fail_ppm: u64,
+    /// Scheduler steps after which the run fails as a livelock or deadlock.
     pub max_steps: u64,
 }
 
@@ -129,12 +139,17 @@ impl Default for SimOptions {
 /// What a passing run saw (for tests that want to know the failures were really exercised).
 #[derive(Clone, Debug, Default)]
 pub struct SimReport {
+    /// Scheduler steps taken, over every process life.
     pub steps: u64,
+    /// Checkpoint completions notified to the tasks (savepoints included).
     pub checkpoints_completed: u64,
     /// Generation claims that storage failed (the next generation claimed again).
     pub failed_claims: u64,
+    /// Generations that failed over (and were restarted).
     pub failovers: u64,
+    /// Deaths of the whole simulated process (restarted from storage).
     pub process_crashes: u64,
+    /// Completed checkpoints whose cut was read back from storage and checked.
     pub cuts_checked: u64,
     /// Snapshot writes of an older generation that completed after a failover.
     pub late_writes: u64,
@@ -144,8 +159,11 @@ pub struct SimReport {
     pub switched_snapshots: u64,
     /// Settings changed while the job ran.
     pub retunes: u64,
+    /// Tasks stalled for a while (`SimOptions::stall_ppm`).
     pub stalls: u64,
+    /// Savepoints requested (stop or not), whether or not they completed.
     pub savepoints_requested: u64,
+    /// Times the job stopped with a savepoint (and a new process resumed it).
     pub stopped_with_savepoint: u64,
 }
 
