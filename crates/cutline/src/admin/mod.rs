@@ -69,9 +69,6 @@
 
 mod client;
 mod peer;
-// TODO(docs): document `Request` and its variants and `Setting`'s variants in protocol.rs (being
-// edited elsewhere now), then remove this allow.
-#[allow(missing_docs)]
 mod protocol;
 mod server;
 mod status;

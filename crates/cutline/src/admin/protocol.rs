@@ -8,28 +8,50 @@ use cutline_core::barrier::CheckpointMode;
 use cutline_core::coordinator::CheckpointConfig;
 use std::path::PathBuf;
 
+/// One request to a job's admin socket, parsed from one line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
+    /// `ping`: is a job answering here?
     Ping,
+    /// `status`: settings, flow control and recent checkpoints.
     Status,
+    /// `config`: the checkpoint settings in force.
     Config,
+    /// `set key=value ...`: change these settings from the next checkpoint.
     Set(Vec<Setting>),
-    Savepoint { to: Option<PathBuf>, stop: bool },
+    /// `savepoint [to=PATH]` or `stop-with-savepoint [to=PATH]`.
+    Savepoint {
+        /// Where to export it (default: the job's savepoint directory).
+        to: Option<PathBuf>,
+        /// Stop the job with it.
+        stop: bool,
+    },
+    /// `stop`: stop without a further checkpoint.
     Stop,
+    /// `help`: the list of requests.
     Help,
 }
 
 /// One checkpoint setting of a `set` request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Setting {
+    /// `interval`: milliseconds between checkpoints, or `off` (`None`).
     Interval(Option<u64>),
+    /// `timeout`: milliseconds after its trigger that a checkpoint is aborted.
     Timeout(u64),
+    /// `min-pause`: milliseconds from the end of one checkpoint to the next trigger.
     MinPause(u64),
+    /// `max-concurrent`: checkpoints in flight at once.
     MaxConcurrent(usize),
+    /// `tolerable-failures`: consecutive failed checkpoints before a failover.
     TolerableFailures(u32),
+    /// `mode`: exactly-once or at-least-once.
     Mode(CheckpointMode),
+    /// `unaligned`: unaligned exactly-once checkpoints.
     Unaligned(bool),
+    /// `alignment-timeout`: milliseconds after the trigger that an aligned checkpoint switches, or off.
     AlignmentTimeout(Option<u64>),
+    /// `max-aligned-bytes`: blocked bytes at which an aligned checkpoint switches, or off.
     MaxAlignedBytes(Option<u64>),
 }
 

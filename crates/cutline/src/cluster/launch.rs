@@ -38,6 +38,7 @@ pub enum LaunchError {
     Spawn {
         /// "coordinator" or "worker N".
         what: String,
+        /// Why the operating system refused.
         #[source]
         source: std::io::Error,
     },
@@ -67,6 +68,7 @@ pub enum LaunchError {
     Wait {
         /// "coordinator" or "worker N".
         what: String,
+        /// Why waiting failed.
         #[source]
         source: std::io::Error,
     },

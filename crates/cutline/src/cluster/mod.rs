@@ -28,9 +28,6 @@ mod admit;
 mod config;
 mod coordinator;
 mod data;
-// TODO(docs): document the `source` fields of `LaunchError::Spawn` and `LaunchError::Wait` in
-// launch.rs (being edited elsewhere now), then remove this allow.
-#[allow(missing_docs)]
 pub mod launch;
 pub(crate) mod proto;
 mod shape;

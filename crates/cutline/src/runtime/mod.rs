@@ -12,9 +12,6 @@ mod config;
 pub(crate) mod control;
 pub(crate) mod deploy;
 pub(crate) mod driver;
-// TODO(docs): document the variants and fields of `RunError` in error.rs (being edited elsewhere
-// now), then remove this allow. The file holds only `RunError`.
-#[allow(missing_docs)]
 mod error;
 pub(crate) mod life;
 pub(crate) mod local;
