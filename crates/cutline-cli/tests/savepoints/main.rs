@@ -9,6 +9,7 @@
 
 #![cfg(unix)]
 
+#[path = "../common/mod.rs"]
 mod common;
 
 use common::{cutline, Scratch};
@@ -20,29 +21,32 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+mod status;
+use status::*;
+
 /// Bound on every wait for a condition (a job answering, a checkpoint completing, a run ending).
-const WAIT_LIMIT: Duration = Duration::from_secs(20);
+pub(crate) const WAIT_LIMIT: Duration = Duration::from_secs(20);
 /// Pacing of the first run of a scenario: a sleep per input line, in each of two source tasks.
-const LINE_DELAY_US: &str = "1000";
+pub(crate) const LINE_DELAY_US: &str = "1000";
 
 // ---------------------------------------------------------------------------------------------------
 // Input text, processes.
 
 /// `lines` lines of 1 to 8 words from a 400-word vocabulary, the same for the same seed.
-fn generate_text(seed: u64, lines: usize) -> String {
+pub(crate) fn generate_text(seed: u64, lines: usize) -> String {
     common::word_lines(seed, lines, (1, 8), 400)
 }
 
 /// The input, output and state paths of one word-count job in a scratch directory.
-struct WordCount {
-    text: String,
-    input: PathBuf,
-    output: PathBuf,
-    state: PathBuf,
+pub(crate) struct WordCount {
+    pub(crate) text: String,
+    pub(crate) input: PathBuf,
+    pub(crate) output: PathBuf,
+    pub(crate) state: PathBuf,
 }
 
 impl WordCount {
-    fn new(scratch: &Scratch, seed: u64, lines: usize) -> WordCount {
+    pub(crate) fn new(scratch: &Scratch, seed: u64, lines: usize) -> WordCount {
         let text = generate_text(seed, lines);
         let input = scratch.path("input.txt");
         std::fs::write(&input, &text).expect("write input");
@@ -50,7 +54,7 @@ impl WordCount {
     }
 
     /// `cutline run wordcount` on `state` with parallelism 2 and `extra` arguments.
-    fn args(&self, state: &Path, extra: &[&str]) -> Vec<OsString> {
+    pub(crate) fn args(&self, state: &Path, extra: &[&str]) -> Vec<OsString> {
         let mut a: Vec<OsString> = ["run", "wordcount", "--parallelism", "2", "-v", "--input"].map(Into::into).into();
         a.push(self.input.clone().into());
         a.push("--output".into());
@@ -62,27 +66,27 @@ impl WordCount {
     }
 
     /// The problems of the committed output against a failure-free run (empty: exact).
-    fn problems(&self) -> Vec<String> {
+    pub(crate) fn problems(&self) -> Vec<String> {
         cutline_cli::jobs::check_wordcount_output(&self.text, &self.output).expect("read output")
     }
 }
 
 /// A `cutline run` in the background, its stdout and stderr in files. Killed if the test ends early.
-struct Running {
-    child: Child,
-    what: String,
-    stdout: PathBuf,
-    stderr: PathBuf,
+pub(crate) struct Running {
+    pub(crate) child: Child,
+    pub(crate) what: String,
+    pub(crate) stdout: PathBuf,
+    pub(crate) stderr: PathBuf,
 }
 
-struct Exited {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Exited {
+    pub(crate) status: ExitStatus,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl Running {
-    fn start(scratch: &Scratch, name: &str, args: &[OsString]) -> Running {
+    pub(crate) fn start(scratch: &Scratch, name: &str, args: &[OsString]) -> Running {
         let (stdout, stderr) = (scratch.path(&format!("{name}.stdout")), scratch.path(&format!("{name}.stderr")));
         let child = cutline()
             .args(args)
@@ -94,13 +98,13 @@ impl Running {
         Running { child, what: format!("{name}: cutline {}", show(args)), stdout, stderr }
     }
 
-    fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
         format!("{}\n--- stdout ---\n{}--- stderr ---\n{}", self.what, read(&self.stdout), read(&self.stderr))
     }
 
     /// Wait for the run to exit by itself.
-    fn wait(&mut self) -> Exited {
+    pub(crate) fn wait(&mut self) -> Exited {
         let deadline = Instant::now() + WAIT_LIMIT;
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
@@ -115,7 +119,7 @@ impl Running {
     }
 
     /// Wait for a successful exit; its stdout.
-    fn wait_success(&mut self) -> String {
+    pub(crate) fn wait_success(&mut self) -> String {
         let e = self.wait();
         assert!(e.status.success(), "the run failed ({})\n{}", e.status, self.logs());
         e.stdout
@@ -131,12 +135,12 @@ impl Drop for Running {
     }
 }
 
-fn show(args: &[OsString]) -> String {
+pub(crate) fn show(args: &[OsString]) -> String {
     args.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
 }
 
 /// Run `cutline ARGS` to completion (bounded).
-fn cli<S: AsRef<OsStr>>(args: &[S]) -> Exited {
+pub(crate) fn cli<S: AsRef<OsStr>>(args: &[S]) -> Exited {
     let mut child = cutline()
         .args(args)
         .stdin(Stdio::null())
@@ -171,12 +175,12 @@ fn cli<S: AsRef<OsStr>>(args: &[S]) -> Exited {
     Exited { status, stdout: out.join().expect("stdout"), stderr: err.join().expect("stderr") }
 }
 
-fn state_arg(cmd: &str, state: &Path) -> Vec<OsString> {
+pub(crate) fn state_arg(cmd: &str, state: &Path) -> Vec<OsString> {
     vec![cmd.into(), "--state".into(), state.into()]
 }
 
 /// `cutline CMD --state STATE EXTRA...`, which must succeed; its stdout.
-fn cli_ok(cmd: &str, state: &Path, extra: &[&str]) -> String {
+pub(crate) fn cli_ok(cmd: &str, state: &Path, extra: &[&str]) -> String {
     let mut a = state_arg(cmd, state);
     a.extend(extra.iter().map(OsString::from));
     let e = cli(&a);
@@ -186,7 +190,7 @@ fn cli_ok(cmd: &str, state: &Path, extra: &[&str]) -> String {
 
 /// `cutline CMD --state STATE EXTRA...`, which must fail with a message (not a panic) that contains
 /// every one of `must_mention`; its stderr.
-fn cli_refused(cmd: &str, state: &Path, extra: &[&str], must_mention: &[&str]) -> String {
+pub(crate) fn cli_refused(cmd: &str, state: &Path, extra: &[&str], must_mention: &[&str]) -> String {
     let mut a = state_arg(cmd, state);
     a.extend(extra.iter().map(OsString::from));
     let e = cli(&a);
@@ -194,7 +198,7 @@ fn cli_refused(cmd: &str, state: &Path, extra: &[&str], must_mention: &[&str]) -
     e.stderr
 }
 
-fn assert_refused(args: &[OsString], e: &Exited, must_mention: &[&str]) {
+pub(crate) fn assert_refused(args: &[OsString], e: &Exited, must_mention: &[&str]) {
     let what = format!("cutline {}\n--- stdout ---\n{}--- stderr ---\n{}", show(args), e.stdout, e.stderr);
     assert!(!e.status.success(), "expected a refusal: {what}");
     assert_eq!(e.status.code(), Some(1), "expected an ordinary error exit: {what}");
@@ -205,107 +209,8 @@ fn assert_refused(args: &[OsString], e: &Exited, must_mention: &[&str]) {
 }
 
 /// Poll `f` until it returns `Some`, at most [`WAIT_LIMIT`].
-fn wait_until<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn wait_until<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
     common::wait_until(what, WAIT_LIMIT, f)
-}
-
-// ---------------------------------------------------------------------------------------------------
-// What `cutline status` says.
-
-#[derive(Debug)]
-struct Status {
-    completed: u64,
-    /// The `key=value` settings line.
-    settings: String,
-    checkpoints: Vec<CheckpointLine>,
-    text: String,
-}
-
-#[derive(Debug)]
-struct CheckpointLine {
-    id: u64,
-    unaligned_tasks: u32,
-    savepoint: bool,
-}
-
-fn parse_status(text: &str) -> Status {
-    let job = text.lines().find(|l| l.starts_with("job: ")).unwrap_or_else(|| panic!("no job line in\n{text}"));
-    let completed = job
-        .split(", ")
-        .find_map(|p| p.strip_suffix(" checkpoints completed"))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no completed count in {job:?}"));
-    let settings = text
-        .lines()
-        .find_map(|l| l.strip_prefix("settings: "))
-        .unwrap_or_else(|| panic!("no settings line in\n{text}"))
-        .to_string();
-    let checkpoints = text
-        .lines()
-        .filter_map(|l| l.trim_start().strip_prefix("chk-"))
-        .map(|rest| {
-            let id = rest.split_whitespace().next().and_then(|n| n.parse().ok()).expect("checkpoint id");
-            let unaligned_tasks = rest
-                .split_once("unaligned ")
-                .and_then(|(_, r)| r.split('/').next())
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("no unaligned count in {rest:?}"));
-            CheckpointLine { id, unaligned_tasks, savepoint: rest.trim_end().ends_with("savepoint") }
-        })
-        .collect();
-    Status { completed, settings, checkpoints, text: text.to_string() }
-}
-
-/// The job's status, or None while no job answers.
-fn try_status(state: &Path) -> Option<Status> {
-    let e = cli(&state_arg("status", state));
-    e.status.success().then(|| parse_status(&e.stdout))
-}
-
-/// Wait until the job answers and has completed at least `n` checkpoints.
-fn wait_for_checkpoints(run: &mut Running, state: &Path, n: u64) -> Status {
-    wait_until(&format!("{n} completed checkpoints of {}", run.what), || {
-        if let Some(s) = run.child.try_wait().expect("try_wait") {
-            panic!("the run exited ({s}) before {n} checkpoints\n{}", run.logs());
-        }
-        try_status(state).filter(|s| s.completed >= n)
-    })
-}
-
-/// The settings `cutline tune` prints (one `key=value` per line) as one line.
-fn tuned(stdout: &str) -> String {
-    stdout.lines().filter(|l| l.starts_with("  ")).map(str::trim).collect::<Vec<_>>().join(" ")
-}
-
-fn socket_of(state: &Path) -> PathBuf {
-    state.join(cutline::admin::SOCKET_FILE)
-}
-
-/// `(device, inode)` of every file under `dir`, with its path (no symbolic links allowed).
-fn files_under(dir: &Path) -> Vec<(PathBuf, (u64, u64))> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        // A running job's retention may remove files while they are listed: skip what vanished.
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
-        for e in entries {
-            let Ok(e) = e else { continue };
-            let p = e.path();
-            let Ok(m) = std::fs::symlink_metadata(&p) else { continue };
-            assert!(!m.file_type().is_symlink(), "{} is a symbolic link", p.display());
-            if m.is_dir() {
-                todo.push(p);
-            } else {
-                out.push((p, (m.dev(), m.ino())));
-            }
-        }
-    }
-    out
-}
-
-/// The checkpoint id in a committed output file name `part-<uid>-<subtask>-<checkpoint>`.
-fn part_checkpoint(name: &str) -> Option<u64> {
-    name.strip_prefix("part-")?.rsplit('-').next()?.parse().ok()
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -603,7 +508,7 @@ fn a_savepoint_into_a_directory_that_is_not_empty_is_refused_and_the_job_runs_on
 }
 
 /// The checkpoint id in a default savepoint directory name `sp-<20 digits>`.
-fn sp_name_id(sp: &Path) -> u64 {
+pub(crate) fn sp_name_id(sp: &Path) -> u64 {
     let name = sp.file_name().unwrap().to_str().unwrap();
     name.strip_prefix("sp-").and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("savepoint name {name}"))
 }
