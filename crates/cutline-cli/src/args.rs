@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 #[derive(Subcommand)]
 pub(crate) enum RunJob {
-    /// Count words of a text file; every count update goes to DIR through the transactional file sink.
+    /// Count words of a text file; every count update goes to a directory through the transactional
+    /// file sink, or to a PostgreSQL table.
     /// While it runs, it answers `cutline status`, `tune` and `savepoint` on `<state>/admin.sock`.
     Wordcount(WordcountArgs),
 }
@@ -19,7 +20,10 @@ pub(crate) enum RunJob {
 pub(crate) struct WordcountArgs {
     #[arg(long)]
     pub(crate) input: PathBuf,
-    #[arg(long)]
+    /// A directory (committed files of `WORD<TAB>COUNT` lines), or a PostgreSQL table:
+    /// `postgres://USER[:PASSWORD]@HOST:PORT/DATABASE?table=NAME` (one row per word, upserted by
+    /// two-phase commit; created when missing; needs a build with `--features postgres`).
+    #[arg(long, value_name = "DIR|URL")]
     pub(crate) output: PathBuf,
     #[arg(long)]
     pub(crate) state: PathBuf,
@@ -49,6 +53,11 @@ pub(crate) struct WordcountArgs {
     /// socket (and a cluster's secret).
     #[arg(long, value_name = "URL")]
     pub(crate) checkpoint_store: Option<String>,
+    /// Drills: send this process SIGKILL the Nth time a task reaches POINT (`sink-commit`: a
+    /// checkpoint completed and its output is not committed yet; also `sink-prepare`,
+    /// `sink-commit-midway`, `sink-recover`, `process-batch`, `snapshot`, `snapshot-write`).
+    #[arg(long, value_name = "POINT:N", hide = true)]
+    pub(crate) kill_self_at: Option<String>,
     #[command(flatten)]
     pub(crate) cluster: ClusterArgs,
 }
@@ -137,15 +146,11 @@ pub(crate) fn build_job(args: &[String]) -> std::result::Result<(cutline::JobGra
             return Ok((graph, "bench".into()));
         }
     };
-    let fingerprint = format!("wordcount input={} output={}", input.display(), output.display());
-    let graph = cutline_cli::jobs::wordcount_paced(
-        &input,
-        parallelism,
-        cutline_cli::jobs::wordcount_file_sink(&output),
-        line_delay_us,
-    )
-    .build()
-    .map_err(|e| e.to_string())?;
+    let output = cutline_cli::jobs::WordcountOutput::parse(output.to_str().unwrap_or_default())?;
+    let fingerprint = format!("wordcount input={} output={}", input.display(), output.name());
+    let graph = cutline_cli::jobs::wordcount_into(&input, parallelism, &output, line_delay_us)?
+        .build()
+        .map_err(|e| e.to_string())?;
     Ok((graph, fingerprint))
 }
 

@@ -6,8 +6,50 @@ use anyhow::{bail, Context, Result};
 use cutline::admin::{self, AdminError};
 use cutline::cluster::ClusterConfig;
 use cutline::{CheckpointConfig, CheckpointMode, CheckpointStore, LocalDirStore, RunConfig};
+use cutline_cli::jobs::WordcountOutput;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// `--kill-self-at POINT:N`: a policy that sends this process SIGKILL the `N`th time a task reaches
+/// fault point `POINT` (a drill aimed at one step of a protocol, e.g. `sink-commit`: after the
+/// checkpoint completed, before the sink committed).
+fn kill_self_at(spec: &str) -> Result<cutline::Faults> {
+    use cutline::FaultPoint as P;
+    let (point, n) = spec.split_once(':').unwrap_or((spec, "1"));
+    let point = match point {
+        "process-batch" => P::ProcessBatch,
+        "snapshot" => P::Snapshot,
+        "snapshot-write" => P::SnapshotWrite,
+        "sink-prepare" => P::SinkPrepare,
+        "sink-commit" => P::SinkCommit,
+        "sink-commit-midway" => P::SinkCommitMidway,
+        "sink-recover" => P::SinkRecover,
+        other => bail!(
+            "--kill-self-at {spec}: unknown point {other:?}: process-batch, snapshot, snapshot-write, sink-prepare, sink-commit, sink-commit-midway or sink-recover"
+        ),
+    };
+    let n: u64 = n.parse().with_context(|| format!("--kill-self-at {spec}: N must be a positive integer"))?;
+    let seen = std::sync::atomic::AtomicU64::new(0);
+    Ok(cutline::Faults::new(move |p| {
+        if p == point && seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == n {
+            // SAFETY: kill(2) on our own pid; nothing in this process is touched.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+        false
+    }))
+}
+
+/// `--output` as the job names it: a directory made absolute, or a PostgreSQL table.
+pub(crate) fn absolute_output(output: &Path) -> Result<WordcountOutput> {
+    let text = output.to_str().unwrap_or_default();
+    match WordcountOutput::parse(text).map_err(anyhow::Error::msg)? {
+        WordcountOutput::Dir(_) => Ok(WordcountOutput::Dir(
+            std::path::absolute(output)
+                .with_context(|| format!("cannot make output path {} absolute", output.display()))?,
+        )),
+        pg => Ok(pg),
+    }
+}
 
 pub(crate) fn check_writable_dir(dir: &Path, what: &str) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {what} directory {}", dir.display()))?;
@@ -43,10 +85,10 @@ pub(crate) fn wordcount_config(
     }
     std::fs::File::open(input).with_context(|| format!("cannot read input {}", input.display()))?;
     let input_abs = std::fs::canonicalize(input)?;
-    // The output's absolute path names the job: refuse another job's state before creating anything.
-    let output_abs = std::path::absolute(output)
-        .with_context(|| format!("cannot make output path {} absolute", output.display()))?;
-    let fingerprint = format!("wordcount input={} output={}", input_abs.display(), output_abs.display());
+    // The output (a directory's absolute path, or a table) names the job: refuse another job's state
+    // before creating anything.
+    let output = absolute_output(output)?;
+    let fingerprint = format!("wordcount input={} output={}", input_abs.display(), output.name());
     if state.join("job.meta").exists() {
         let store = LocalDirStore::open_existing(state)
             .with_context(|| format!("cannot open state directory {}", state.display()))?;
@@ -66,14 +108,12 @@ pub(crate) fn wordcount_config(
         None => None,
     };
     // Build (and so validate) the job before creating any directory.
-    let graph = cutline_cli::jobs::wordcount_paced(
-        &input_abs,
-        parallelism,
-        cutline_cli::jobs::wordcount_file_sink(&output_abs),
-        line_delay_us,
-    )
-    .build()?;
-    check_writable_dir(output, "output")?;
+    let graph = cutline_cli::jobs::wordcount_into(&input_abs, parallelism, &output, line_delay_us)
+        .map_err(anyhow::Error::msg)?
+        .build()?;
+    if let WordcountOutput::Dir(dir) = &output {
+        check_writable_dir(dir, "output")?;
+    }
     check_writable_dir(state, "state")?;
     let store: Arc<dyn CheckpointStore> = match checkpoint_store {
         Some(url) => open_store(url).map_err(|e| anyhow::anyhow!("--checkpoint-store {url}: {e}"))?,
@@ -139,6 +179,9 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
         a.checkpoint_store.as_deref(),
     )?;
     cfg.checkpoint = checkpoint;
+    if let Some(spec) = &a.kill_self_at {
+        cfg.faults = kill_self_at(spec)?;
+    }
     if a.line_delay_us > 0 {
         cfg.batch_size = 64;
     }
@@ -160,7 +203,10 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
         Some(listen) => {
             let c = &a.cluster;
             let input = std::fs::canonicalize(&a.input)?;
-            let output = std::path::absolute(&a.output)?;
+            let output = match absolute_output(&a.output)? {
+                WordcountOutput::Dir(d) => d,
+                WordcountOutput::Postgres { .. } => a.output.clone(),
+            };
             let job_args = ["wordcount", "--input", &input.display().to_string(), "--output"]
                 .iter()
                 .map(|s| s.to_string())

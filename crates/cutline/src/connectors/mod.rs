@@ -10,6 +10,8 @@ mod file_sink;
 mod generator;
 mod line_file;
 mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod simple;
 mod sink;
 mod source;

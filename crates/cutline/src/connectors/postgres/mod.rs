@@ -1,0 +1,521 @@
+//! [`PostgresSink`]: exactly-once into a PostgreSQL table with two-phase commit (feature
+//! `postgres`).
+//!
+//! Each sink subtask writes the records between two barriers into one transaction on its *data*
+//! connection, in multi-row `INSERT` statements of up to `batch_rows` rows (upserts:
+//! `ON CONFLICT (key) DO UPDATE`, the last record of a key in a batch winning). At a barrier it adds a
+//! marker row to `cutline_sink_commits` in the same transaction and runs `PREPARE TRANSACTION` under a
+//! name of its own (`cutline@<job>@<sink>@<subtask>@<incarnation>-<checkpoint>`); the name is the
+//! committable stored in the checkpoint. When the checkpoint completes, its *control* connection runs
+//! `COMMIT PREPARED` (a second connection, because the data connection is by then inside the next
+//! transaction). The marker row makes commit idempotent and the commit window safe: a name no longer
+//! in `pg_prepared_xacts` whose marker row is visible was committed; one with neither was lost, and
+//! that is an error, never silently skipped. At a restore the sink commits what the restored
+//! checkpoint prepared and rolls back every other prepared transaction of this job's subtask (never
+//! another job's or sink's, nor a newer generation's).
+//!
+//! A server that cannot be reached stalls the sink for up to `unavailable_wait_ms` (reconnecting
+//! with backoff) before the task fails; the open transaction of a connection that broke is lost, so
+//! that fails the task at once and the job restores and replays it.
+
+mod conn;
+mod sql;
+mod write;
+
+pub use sql::{SqlValue, MAX_BATCH_ROWS};
+
+use super::sink::{of_a_newer_generation, Sink, SinkContext};
+use crate::error::{ConnectorError, ConnectorResult};
+use cutline_core::CheckpointId;
+use postgres::error::SqlState;
+use postgres::{Client, Config};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Default of [`PostgresSinkConfig::batch_rows`].
+pub const DEFAULT_BATCH_ROWS: usize = 1_000;
+/// Default of [`PostgresSinkConfig::unavailable_wait_ms`].
+pub const DEFAULT_UNAVAILABLE_WAIT_MS: u64 = 30_000;
+/// Default of [`PostgresSinkConfig::lock_wait_ms`].
+pub const DEFAULT_LOCK_WAIT_MS: u64 = 10_000;
+/// How long a flush between barriers waits for a locked row before it keeps its rows for later.
+pub const DEFERRED_FLUSH_LOCK_WAIT_MS: u64 = 50;
+/// Batches a sink keeps buffered while rows it writes are locked, before it waits for the locks.
+pub const MAX_DEFERRED_BATCHES: usize = 16;
+/// The table of marker rows, one per prepared transaction, created in the connection's default
+/// schema when missing.
+pub const MARKER_TABLE: &str = "cutline_sink_commits";
+
+/// How rows are written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Plain `INSERT`: every record becomes a row.
+    Insert,
+    /// `INSERT ... ON CONFLICT (key) DO UPDATE`: one row per key holds the latest record. The key
+    /// columns must carry a unique constraint or index.
+    Upsert {
+        /// The key columns (a subset of `columns`).
+        key: Vec<String>,
+    },
+}
+
+/// Where and how a [`PostgresSink`] writes.
+#[derive(Clone, Debug)]
+pub struct PostgresSinkConfig {
+    /// Connection string: `postgres://user:password@host:port/database` or `host=... user=...`.
+    pub url: String,
+    /// The target table, `table` or `schema.table`; it must exist.
+    pub table: String,
+    /// The columns each record fills, in the order of the values the row function returns.
+    pub columns: Vec<String>,
+    /// Insert or upsert.
+    pub mode: WriteMode,
+    /// Rows per `INSERT` statement (1 to [`MAX_BATCH_ROWS`], and at most 65,535 values).
+    pub batch_rows: usize,
+    /// How long the sink waits for a server it cannot reach before the task fails.
+    pub unavailable_wait_ms: u64,
+    /// Column definitions for `CREATE TABLE IF NOT EXISTS <table> (<these>)` at open, e.g.
+    /// `"word text PRIMARY KEY, n bigint NOT NULL"`; `None` (the default): the table must exist.
+    /// SQL from your code, never from untrusted input.
+    pub create_table: Option<String>,
+    /// How long the write at a barrier waits for rows another transaction locks before the task
+    /// fails (PostgreSQL's `lock_timeout`).
+    pub lock_wait_ms: u64,
+}
+
+impl PostgresSinkConfig {
+    /// Insert into `table`'s `columns` at `url`, with the default batch size and wait.
+    pub fn insert(url: &str, table: &str, columns: &[&str]) -> PostgresSinkConfig {
+        PostgresSinkConfig {
+            url: url.to_owned(),
+            table: table.to_owned(),
+            columns: columns.iter().map(|c| c.to_string()).collect(),
+            mode: WriteMode::Insert,
+            batch_rows: DEFAULT_BATCH_ROWS,
+            unavailable_wait_ms: DEFAULT_UNAVAILABLE_WAIT_MS,
+            create_table: None,
+            lock_wait_ms: DEFAULT_LOCK_WAIT_MS,
+        }
+    }
+    /// Upsert into `table`'s `columns` at `url`, keyed by `key`.
+    pub fn upsert(url: &str, table: &str, columns: &[&str], key: &[&str]) -> PostgresSinkConfig {
+        PostgresSinkConfig {
+            mode: WriteMode::Upsert { key: key.iter().map(|c| c.to_string()).collect() },
+            ..PostgresSinkConfig::insert(url, table, columns)
+        }
+    }
+}
+
+/// A prepared transaction of a [`PostgresSink`], as stored in a checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedTxn {
+    /// Its name in `pg_prepared_xacts`.
+    pub gid: String,
+    /// The checkpoint that prepared it.
+    pub checkpoint: u64,
+}
+
+/// The function that turns a record into the values of its row, in the order of
+/// [`PostgresSinkConfig::columns`].
+pub type RowFn<T> = Arc<dyn Fn(&T) -> Vec<SqlValue> + Send + Sync>;
+
+/// The statement shapes a sink uses, prepared on its data connection.
+struct Prepared {
+    full: postgres::Statement,
+}
+
+/// Exactly-once sink into a PostgreSQL table; see the module docs.
+pub struct PostgresSink<T> {
+    config: PostgresSinkConfig,
+    row: RowFn<T>,
+    ctx: Option<SinkContext>,
+    pg: Option<Config>,
+    data: Option<Client>,
+    control: Option<Client>,
+    /// Quoted table and columns, the columns' types, the quoted key: known after `open`.
+    table: String,
+    columns: Vec<String>,
+    types: Vec<String>,
+    key: Option<Vec<String>>,
+    /// Positions of the key columns in a row (upsert).
+    key_at: Vec<usize>,
+    statements: Option<Prepared>,
+    /// Rows not yet sent; for upserts, the row of each key (last wins) in first-seen order.
+    buffer: Vec<Vec<Option<String>>>,
+    buffered_keys: HashMap<Vec<Option<String>>, usize>,
+    /// A transaction is open on the data connection.
+    in_txn: bool,
+    /// The last flush between barriers found rows locked and kept them buffered: the buffer length
+    /// at which to try again.
+    retry_at_len: Option<usize>,
+}
+
+impl<T> Clone for PostgresSink<T> {
+    /// A fresh, unopened sink with the same configuration.
+    fn clone(&self) -> Self {
+        PostgresSink::new(self.config.clone(), self.row.clone())
+    }
+}
+
+impl<T> PostgresSink<T> {
+    /// A sink writing each record as the row `row` returns. Nothing connects before `open`.
+    pub fn new(config: PostgresSinkConfig, row: RowFn<T>) -> PostgresSink<T> {
+        PostgresSink {
+            config,
+            row,
+            ctx: None,
+            pg: None,
+            data: None,
+            control: None,
+            table: String::new(),
+            columns: Vec::new(),
+            types: Vec::new(),
+            key: None,
+            key_at: Vec::new(),
+            statements: None,
+            buffer: Vec::new(),
+            buffered_keys: HashMap::new(),
+            in_txn: false,
+            retry_at_len: None,
+        }
+    }
+
+    fn ctx(&self) -> &SinkContext {
+        self.ctx.as_ref().expect("PostgresSink used before open")
+    }
+
+    /// Transaction names of this job's subtask start with this; `@` occurs in none of the parts.
+    fn prefix(&self) -> String {
+        let c = self.ctx();
+        format!("cutline@{}@{}@{}@", c.job, c.uid, c.subtask)
+    }
+
+    fn control(&mut self) -> ConnectorResult<&mut Client> {
+        if self.control.as_ref().is_none_or(|c| c.is_closed()) {
+            let pg = self.pg.as_ref().expect("opened");
+            self.control = Some(conn::connect(pg, self.config.unavailable_wait_ms)?);
+        }
+        Ok(self.control.as_mut().expect("connected"))
+    }
+
+    /// A statement on the control connection failed: drop the connection if it broke, and say so.
+    fn control_failed(&mut self, what: &str, e: postgres::Error) -> ConnectorError {
+        if e.is_closed() || e.as_db_error().is_none() {
+            self.control = None;
+        }
+        ConnectorError::transient(format!("PostgreSQL sink: {what}: {}", conn::show(&e)))
+    }
+
+    /// A statement on the data connection failed: the open transaction is gone; the task must fail
+    /// and the job restore.
+    fn data_failed(&mut self, what: &str, e: postgres::Error) -> ConnectorError {
+        self.data = None;
+        self.statements = None;
+        self.in_txn = false;
+        if conn::is_permanent(&e) {
+            // The same records would fail the same way after a restore.
+            return ConnectorError::permanent(format!(
+                "PostgreSQL sink: {what}: {}; the table or the records do not fit, so replaying them cannot help",
+                conn::show(&e)
+            ));
+        }
+        ConnectorError::transient(format!(
+            "PostgreSQL sink: {what}: {}; the open transaction is lost and the job restores",
+            conn::show(&e)
+        ))
+    }
+
+    fn check_server(&mut self) -> ConnectorResult<()> {
+        let table = self.config.table.clone();
+        let quoted = self.table.clone();
+        let c = self.control()?;
+        let max: String = c
+            .query_one("SHOW max_prepared_transactions", &[])
+            .map(|r| r.get(0))
+            .map_err(|e| ConnectorError::transient(format!("PostgreSQL sink: {}", conn::show(&e))))?;
+        if max.trim() == "0" {
+            return Err(ConnectorError::permanent(
+                "PostgreSQL has max_prepared_transactions = 0, so it cannot prepare transactions, and the \
+                 exactly-once sink prepares one per sink subtask and checkpoint. Set it in postgresql.conf \
+                 (at least the sink's parallelism times the checkpoints in flight, e.g. \
+                 max_prepared_transactions = 64) or start the server with -c max_prepared_transactions=64, \
+                 then restart the server",
+            ));
+        }
+        // Create what is missing. Only when it is missing: DDL on an existing table waits for the
+        // locks of its prepared transactions, which only this job's recovery releases. Subtasks
+        // serialize the creation on an advisory lock and look again once they hold it.
+        let mut missing = vec![(
+            MARKER_TABLE.to_string(),
+            format!(
+                "CREATE TABLE {MARKER_TABLE} (gid text PRIMARY KEY, job text NOT NULL, sink text NOT NULL, \
+             subtask integer NOT NULL, checkpoint bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now()); \
+             CREATE INDEX {MARKER_TABLE}_progress ON {MARKER_TABLE} (job, sink, subtask, checkpoint)"
+            ),
+        )];
+        if let Some(defs) = &self.config.create_table {
+            missing.push((quoted.clone(), format!("CREATE TABLE {quoted} ({defs})")));
+        }
+        for (name, ddl) in missing {
+            let c = self.control()?;
+            let result = (|| -> Result<(), postgres::Error> {
+                let exists = |c: &mut postgres::Client| -> Result<bool, postgres::Error> {
+                    c.query_one("SELECT to_regclass($1) IS NOT NULL", &[&name]).map(|r| r.get(0))
+                };
+                if exists(c)? {
+                    return Ok(());
+                }
+                c.batch_execute("BEGIN; SELECT pg_advisory_xact_lock(7236512913)")?;
+                if exists(c)? {
+                    return c.batch_execute("COMMIT");
+                }
+                c.batch_execute(&format!("{ddl}; COMMIT")).inspect_err(|_| {
+                    let _ = c.batch_execute("ROLLBACK");
+                })
+            })();
+            if let Err(e) = result {
+                return Err(self.control_failed(&format!("creating {name}"), e));
+            }
+        }
+        let c = self.control()?;
+        let rows = c
+            .query(
+                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+                 WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+                &[&quoted],
+            )
+            .map_err(|e| {
+                ConnectorError::transient(format!("PostgreSQL sink: reading {table}'s columns: {}", conn::show(&e)))
+            })?;
+        if rows.is_empty() {
+            return Err(ConnectorError::permanent(format!(
+                "PostgreSQL sink: table {table} does not exist (or has no columns); create it first"
+            )));
+        }
+        let known: HashMap<String, String> =
+            rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, String>(1))).collect();
+        self.types = Vec::new();
+        for col in &self.config.columns {
+            match known.get(col) {
+                Some(ty) => self.types.push(ty.clone()),
+                None => {
+                    let mut have: Vec<&String> = known.keys().collect();
+                    have.sort();
+                    return Err(ConnectorError::permanent(format!(
+                        "PostgreSQL sink: table {table} has no column {col:?} (it has {have:?})"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn validate(&mut self) -> ConnectorResult<()> {
+        let cfg = &self.config;
+        if cfg.columns.is_empty() {
+            return Err(ConnectorError::permanent("PostgreSQL sink: no columns configured"));
+        }
+        self.table = sql::table_name(&cfg.table)?;
+        self.columns = cfg.columns.iter().map(|c| sql::ident(c, "column")).collect::<Result<_, _>>()?;
+        let mut seen = std::collections::HashSet::new();
+        if let Some(dup) = cfg.columns.iter().find(|c| !seen.insert(*c)) {
+            return Err(ConnectorError::permanent(format!("PostgreSQL sink: column {dup:?} named twice")));
+        }
+        let per_statement = sql::MAX_PARAMETERS / cfg.columns.len();
+        if cfg.batch_rows == 0 || cfg.batch_rows > MAX_BATCH_ROWS || cfg.batch_rows > per_statement {
+            return Err(ConnectorError::permanent(format!(
+                "PostgreSQL sink: batch_rows = {} is out of range: 1 to {} for {} columns",
+                cfg.batch_rows,
+                MAX_BATCH_ROWS.min(per_statement),
+                cfg.columns.len()
+            )));
+        }
+        if let WriteMode::Upsert { key } = &cfg.mode {
+            if key.is_empty() {
+                return Err(ConnectorError::permanent("PostgreSQL sink: upsert mode needs key columns"));
+            }
+            self.key_at = Vec::new();
+            for k in key {
+                let Some(at) = cfg.columns.iter().position(|c| c == k) else {
+                    return Err(ConnectorError::permanent(format!(
+                        "PostgreSQL sink: key column {k:?} is not one of the columns {:?}",
+                        cfg.columns
+                    )));
+                };
+                self.key_at.push(at);
+            }
+            self.key = Some(key.iter().map(|c| sql::ident(c, "key column")).collect::<Result<_, _>>()?);
+        }
+        let longest = format!("{}{}-{}", self.prefix(), u64::MAX, u64::MAX);
+        if longest.len() > sql::MAX_GID_BYTES {
+            return Err(ConnectorError::permanent(format!(
+                "PostgreSQL sink: the sink uid {:?} is too long for PostgreSQL's transaction names \
+                 (at most {} bytes in all); choose a shorter uid",
+                self.ctx().uid,
+                sql::MAX_GID_BYTES
+            )));
+        }
+        Ok(())
+    }
+
+    /// Commit one prepared transaction, or learn from its marker row that it was committed before.
+    fn commit_one(&mut self, txn: &PreparedTxn) -> ConnectorResult<()> {
+        let c = self.control()?;
+        match c.batch_execute(&format!("COMMIT PREPARED {}", sql::literal(&txn.gid))) {
+            Ok(()) => Ok(()),
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {
+                let c = self.control()?;
+                match c.query_opt(&format!("SELECT 1 FROM {MARKER_TABLE} WHERE gid = $1"), &[&txn.gid]) {
+                    Ok(Some(_)) => Ok(()), // committed before: commit is idempotent
+                    Ok(None) => Err(ConnectorError::permanent(format!(
+                        "PostgreSQL sink: prepared transaction {} (checkpoint {}) is neither prepared nor \
+                         committed: it was rolled back outside this job, and its output is lost",
+                        txn.gid, txn.checkpoint
+                    ))),
+                    Err(e) => Err(self.control_failed("reading the commit markers", e)),
+                }
+            }
+            Err(e) => Err(self.control_failed(&format!("COMMIT PREPARED {}", txn.gid), e)),
+        }
+    }
+}
+
+impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
+    type Committable = PreparedTxn;
+
+    fn open(&mut self, ctx: &SinkContext) -> ConnectorResult<()> {
+        self.ctx = Some(ctx.clone());
+        self.validate()?;
+        self.pg = Some(conn::config(&self.config.url)?);
+        self.check_server()?;
+        let pg = self.pg.as_ref().expect("configured");
+        self.data = Some(conn::connect(pg, self.config.unavailable_wait_ms)?);
+        Ok(())
+    }
+
+    fn recover(&mut self, to_commit: &[PreparedTxn]) -> ConnectorResult<()> {
+        for txn in to_commit {
+            self.commit_one(txn)?;
+        }
+        let prefix = self.prefix();
+        let own = self.ctx().incarnation;
+        let rows = {
+            let c = self.control()?;
+            c.query(
+                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, $1)",
+                &[&prefix],
+            )
+        };
+        let rows = rows.map_err(|e| self.control_failed("listing pg_prepared_xacts", e))?;
+        for r in rows {
+            let gid: String = r.get(0);
+            if of_a_newer_generation(&gid[prefix.len()..], own) {
+                continue; // a newer run's, not ours to roll back
+            }
+            let c = self.control()?;
+            match c.batch_execute(&format!("ROLLBACK PREPARED {}", sql::literal(&gid))) {
+                Ok(()) => tracing::info!(%gid, "rolled back a transaction prepared after the restored checkpoint"),
+                Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {} // gone meanwhile
+                Err(e) => return Err(self.control_failed(&format!("ROLLBACK PREPARED {gid}"), e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, item: T) -> ConnectorResult<()> {
+        let values = (self.row)(&item);
+        if values.len() != self.columns.len() {
+            return Err(ConnectorError::permanent(format!(
+                "PostgreSQL sink: the row function returned {} values for {} columns",
+                values.len(),
+                self.columns.len()
+            )));
+        }
+        let row: Vec<Option<String>> = values.iter().map(SqlValue::to_text).collect();
+        if self.key.is_some() {
+            let key: Vec<Option<String>> = self.key_at.iter().map(|&i| row[i].clone()).collect();
+            match self.buffered_keys.get(&key) {
+                Some(&at) => self.buffer[at] = row,
+                None => {
+                    self.buffered_keys.insert(key, self.buffer.len());
+                    self.buffer.push(row);
+                }
+            }
+        } else {
+            self.buffer.push(row);
+        }
+        if self.buffer.len() >= self.config.batch_rows {
+            self.flush(false)?;
+        }
+        Ok(())
+    }
+
+    fn prepare(&mut self, checkpoint: CheckpointId) -> ConnectorResult<Option<PreparedTxn>> {
+        self.flush(true)?;
+        if !self.in_txn {
+            return Ok(None);
+        }
+        let c = self.ctx().clone();
+        let gid = format!("{}{}-{}", self.prefix(), c.incarnation, checkpoint.0);
+        let marker =
+            format!("INSERT INTO {MARKER_TABLE} (job, sink, subtask, checkpoint, gid) VALUES ($1, $2, $3, $4, $5)");
+        let data = self.data.as_mut().expect("in a transaction");
+        let subtask = c.subtask as i32;
+        let cp = i64::try_from(checkpoint.0).map_err(|_| ConnectorError::permanent("checkpoint id beyond i64"))?;
+        if let Err(e) = data.execute(&marker, &[&c.job, &c.uid, &subtask, &cp, &gid]) {
+            return Err(self.data_failed("writing the commit marker", e));
+        }
+        let data = self.data.as_mut().expect("in a transaction");
+        if let Err(e) = data.batch_execute(&format!("PREPARE TRANSACTION {}", sql::literal(&gid))) {
+            return Err(self.data_failed(&format!("PREPARE TRANSACTION {gid}"), e));
+        }
+        self.in_txn = false;
+        Ok(Some(PreparedTxn { gid, checkpoint: checkpoint.0 }))
+    }
+
+    fn commit(&mut self, committables: &[PreparedTxn]) -> ConnectorResult<()> {
+        for txn in committables {
+            self.commit_one(txn)?;
+        }
+        Ok(())
+    }
+
+    fn end_of_input(&mut self) -> ConnectorResult<()> {
+        self.flush(true)
+    }
+
+    fn close(&mut self) -> ConnectorResult<()> {
+        self.data = None;
+        self.control = None;
+        Ok(())
+    }
+
+    fn abort(&mut self) {
+        // Dropping the connection rolls the open transaction back on the server; prepared ones stay
+        // for the recovery to decide.
+        self.data = None;
+        self.control = None;
+        self.buffer.clear();
+        self.buffered_keys.clear();
+        self.retry_at_len = None;
+        self.in_txn = false;
+    }
+
+    fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> ConnectorResult<Option<bool>> {
+        let c = self.ctx().clone();
+        let after = match checkpoint {
+            None => -1i64,
+            Some(cp) => i64::try_from(cp.0).unwrap_or(i64::MAX),
+        };
+        let subtask = c.subtask as i32;
+        let sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM {MARKER_TABLE} WHERE job = $1 AND sink = $2 AND subtask = $3 AND checkpoint > $4)"
+        );
+        let res = self.control()?.query_one(&sql, &[&c.job, &c.uid, &subtask, &after]);
+        match res {
+            Ok(row) => Ok(Some(row.get(0))),
+            Err(e) => Err(self.control_failed("reading the commit markers", e)),
+        }
+    }
+}
