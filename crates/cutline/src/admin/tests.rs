@@ -390,9 +390,13 @@ fn connect_as_another_user_when_asked() {
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => println!("connect: Permission denied"),
         Err(e) => println!("connect: {e}"),
         Ok(mut s) => {
-            s.write_all(b"ping\n").unwrap();
+            // The server may refuse (answer and close) before the request is written: a write error
+            // here is part of the refusal, and the answer is still there to read.
+            let _ = s.write_all(b"ping\n");
             let mut answer = String::new();
-            let _ = s.read_to_string(&mut answer);
+            if let Err(e) = s.read_to_string(&mut answer) {
+                println!("read: {e}");
+            }
             println!("{answer}");
         }
     }
