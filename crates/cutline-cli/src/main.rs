@@ -14,6 +14,15 @@ mod signals;
 use admin_cmd::{list_checkpoints, savepoint, status, tune};
 use args::{RunJob, TuneArgs};
 use bench::{bench, bench_backlog, bench_coordinator, BenchArgs};
+
+#[cfg(feature = "postgres")]
+mod bench_pg;
+#[cfg(feature = "postgres")]
+use bench_pg::bench_postgres;
+#[cfg(not(feature = "postgres"))]
+fn bench_postgres(_: &str, _: u64, _: u64, _: u64, _: &str, _: u32) -> anyhow::Result<()> {
+    anyhow::bail!("this cutline was built without PostgreSQL support: build it with `--features postgres`")
+}
 use clap::{Parser, Subcommand};
 use cluster_cmd::{launch_cluster, worker};
 use demo::{demo, drill};
@@ -167,6 +176,23 @@ enum Cmd {
         #[arg(long, default_value_t = 200)]
         checkpoints: u32,
     },
+    /// Rows per second of the exactly-once PostgreSQL sink (upsert, through the engine with
+    /// checkpoints) against a bare multi-row upsert loop of the same client; needs `--features postgres`.
+    BenchPostgres {
+        /// Connection string of the database to write into (tables bench_pg_engine, bench_pg_bare).
+        #[arg(long)]
+        url: String,
+        #[arg(long, default_value_t = 2_000_000)]
+        rows: u64,
+        #[arg(long, default_value_t = 100_000)]
+        keys: u64,
+        #[arg(long, default_value_t = 1_000)]
+        batch_rows: u64,
+        #[arg(long, default_value = "1s")]
+        checkpoint_interval: String,
+        #[arg(long, default_value_t = 3)]
+        reps: u32,
+    },
     /// Checkpoints in front of a backlog: one slow task with about 10 s of data queued in front of it,
     /// checkpointed aligned, unaligned, or aligned with a timeout.
     BenchBacklog {
@@ -231,6 +257,9 @@ fn main() {
             state,
             kill_worker_after,
         }),
+        Cmd::BenchPostgres { url, rows, keys, batch_rows, checkpoint_interval, reps } => {
+            bench_postgres(&url, rows, keys, batch_rows, &checkpoint_interval, reps)
+        }
         Cmd::BenchBacklog {
             mode,
             alignment_timeout,

@@ -18,6 +18,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Scenarios share one server; the one that restarts it runs alone.
+static SERVER: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    SERVER.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
+    SERVER.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn url() -> String {
     std::env::var("CUTLINE_PG_URL").expect(
         "CUTLINE_PG_URL is not set: run the tests with scripts/test, or eval \"$(scripts/pg-test-server)\" first",
@@ -111,6 +122,7 @@ fn write_all(s: &mut PostgresSink<u64>, ids: std::ops::Range<u64>) {
 
 #[test]
 fn prepared_rows_stay_invisible_until_commit_and_a_second_commit_changes_nothing() {
+    let _server = shared();
     let t = table("t_visibility");
     let mut s = id_rows(&t);
     s.open(&ctx("visibility", 1)).unwrap();
@@ -130,6 +142,7 @@ fn prepared_rows_stay_invisible_until_commit_and_a_second_commit_changes_nothing
 
 #[test]
 fn recovery_commits_what_the_restored_checkpoint_prepared_and_rolls_back_the_rest_of_its_own_only() {
+    let _server = shared();
     let t = table("t_recovery");
     // Generation 1 of job "rec" prepares checkpoints 1 and 2, then dies before either commit (the
     // commit window). Another job, and a newer generation of this one, have prepared too.
@@ -169,6 +182,7 @@ fn recovery_commits_what_the_restored_checkpoint_prepared_and_rolls_back_the_res
 
 #[test]
 fn a_prepared_transaction_rolled_back_behind_the_jobs_back_is_reported_lost_not_skipped() {
+    let _server = shared();
     let t = table("t_lost");
     let mut s = id_rows(&t);
     s.open(&ctx("lost", 1)).unwrap();
@@ -182,6 +196,7 @@ fn a_prepared_transaction_rolled_back_behind_the_jobs_back_is_reported_lost_not_
 
 #[test]
 fn upsert_keeps_the_last_value_of_each_key_even_when_a_batch_holds_the_key_twice() {
+    let _server = shared();
     let t = table("t_upsert");
     let row: RowFn<(String, i64)> = Arc::new(|(k, n): &(String, i64)| vec![k.as_str().into(), (*n).into()]);
     let mut cfg = PostgresSinkConfig::upsert(&url(), &t, &["k", "n"], &["k"]);
@@ -209,6 +224,7 @@ fn upsert_keeps_the_last_value_of_each_key_even_when_a_batch_holds_the_key_twice
 /// transaction: the job hung (found by the CLI drill).
 #[test]
 fn regression_a_key_written_again_before_its_previous_checkpoint_committed_deadlocked_the_sink() {
+    let _server = shared();
     let t = table("t_relock");
     let row: RowFn<(String, i64)> = Arc::new(|(k, n): &(String, i64)| vec![k.as_str().into(), (*n).into()]);
     let mut cfg = PostgresSinkConfig::upsert(&url(), &t, &["k", "n"], &["k"]);
@@ -245,6 +261,7 @@ fn regression_a_key_written_again_before_its_previous_checkpoint_committed_deadl
 
 #[test]
 fn bad_configurations_are_refused_at_open_with_what_is_wrong() {
+    let _server = shared();
     let t = table("t_config");
     let row: RowFn<u64> = Arc::new(|i: &u64| vec![SqlValue::from(*i as i64)]);
     let cases: Vec<(PostgresSinkConfig, &str)> = vec![
@@ -265,6 +282,7 @@ fn bad_configurations_are_refused_at_open_with_what_is_wrong() {
 
 #[test]
 fn a_server_without_prepared_transactions_is_refused_with_how_to_fix_it() {
+    let _server = shared();
     let out = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-test-server"))
         .env("CUTLINE_PG_MAX_PREPARED", "0")
         .output()
@@ -366,6 +384,7 @@ fn assert_exact(table: &str, counts: &str) {
 
 #[test]
 fn a_job_without_failures_writes_exactly_its_records() {
+    let _server = shared();
     let (t, c) = (table("t_job_clean"), table("t_job_clean_counts"));
     assert_eq!(run_job("pg-clean", &t, &c, Faults::none()), 0);
     assert_exact(&t, &c);
@@ -373,6 +392,7 @@ fn a_job_without_failures_writes_exactly_its_records() {
 
 #[test]
 fn failures_at_every_step_of_the_sinks_protocol_leave_exactly_the_failure_free_result() {
+    let _server = shared();
     for (i, point) in [
         FaultPoint::SinkPrepare,
         FaultPoint::SinkCommit,
@@ -410,6 +430,7 @@ fn failures_at_every_step_of_the_sinks_protocol_leave_exactly_the_failure_free_r
 
 #[test]
 fn the_server_restarted_and_down_for_two_seconds_while_the_job_runs_loses_and_doubles_nothing() {
+    let _server = exclusive();
     let (t, c) = (table("t_outage"), table("t_outage_counts"));
     // At the 5th commit the server restarts (every connection breaks); at the 15th it goes down
     // and comes back two seconds later.
@@ -442,6 +463,7 @@ fn the_server_restarted_and_down_for_two_seconds_while_the_job_runs_loses_and_do
 
 #[test]
 fn committables_round_trip_through_a_checkpoint() {
+    let _server = shared();
     let p = PreparedTxn { gid: "cutline@j@out@0@4294967296-3".into(), checkpoint: 3 };
     let bytes = postcard::to_allocvec(&p).unwrap();
     assert_eq!(postcard::from_bytes::<PreparedTxn>(&bytes).unwrap(), p);

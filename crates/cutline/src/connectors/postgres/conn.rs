@@ -33,9 +33,9 @@ pub(crate) fn connect(config: &Config, wait_ms: u64) -> Result<Client, Connector
     loop {
         match config.connect(NoTls) {
             Ok(client) => return Ok(client),
-            Err(e) if e.code().is_some() => {
-                // The server answered and refused (bad password, no such database, too many
-                // connections): say so, and let the task fail.
+            Err(e) if e.code().is_some() && !starting_or_full(&e) => {
+                // The server answered and refused (bad password, no such database): say so, and
+                // let the task fail.
                 return Err(ConnectorError::transient(format!("PostgreSQL refused the connection: {}", show(&e))));
             }
             Err(e) => {
@@ -60,6 +60,12 @@ pub(crate) fn connect(config: &Config, wait_ms: u64) -> Result<Client, Connector
 /// deadlock, a serialization failure, the server shutting down) are worth a retry after a restore.
 pub(crate) fn is_permanent(e: &postgres::Error) -> bool {
     e.code().is_some_and(|c| matches!(&c.code()[..2], "22" | "23" | "42"))
+}
+
+/// The server answered but cannot take the connection now: it is starting up or shutting down
+/// (SQLSTATE class 57) or out of connections or memory (class 53). Worth waiting for.
+fn starting_or_full(e: &postgres::Error) -> bool {
+    e.code().is_some_and(|c| matches!(&c.code()[..2], "57" | "53"))
 }
 
 /// An error with its cause chain and, from the server, its SQLSTATE.

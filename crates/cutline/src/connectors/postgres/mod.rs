@@ -39,10 +39,9 @@ pub const DEFAULT_BATCH_ROWS: usize = 1_000;
 pub const DEFAULT_UNAVAILABLE_WAIT_MS: u64 = 30_000;
 /// Default of [`PostgresSinkConfig::lock_wait_ms`].
 pub const DEFAULT_LOCK_WAIT_MS: u64 = 10_000;
-/// How long a flush between barriers waits for a locked row before it keeps its rows for later.
-pub const DEFERRED_FLUSH_LOCK_WAIT_MS: u64 = 50;
-/// Batches a sink keeps buffered while rows it writes are locked, before it waits for the locks.
-pub const MAX_DEFERRED_BATCHES: usize = 16;
+/// Keys an upserting sink keeps buffered between barriers while one of its prepared transactions is
+/// uncommitted (its rows locked), before it writes anyway and may wait up to `lock_wait_ms`.
+pub const MAX_DEFERRED_ROWS: usize = 1_000_000;
 /// The table of marker rows, one per prepared transaction, created in the connection's default
 /// schema when missing.
 pub const MARKER_TABLE: &str = "cutline_sink_commits";
@@ -146,9 +145,8 @@ pub struct PostgresSink<T> {
     buffered_keys: HashMap<Vec<Option<String>>, usize>,
     /// A transaction is open on the data connection.
     in_txn: bool,
-    /// The last flush between barriers found rows locked and kept them buffered: the buffer length
-    /// at which to try again.
-    retry_at_len: Option<usize>,
+    /// Names of the transactions this instance prepared and has not committed yet.
+    uncommitted: std::collections::BTreeSet<String>,
 }
 
 impl<T> Clone for PostgresSink<T> {
@@ -177,7 +175,7 @@ impl<T> PostgresSink<T> {
             buffer: Vec::new(),
             buffered_keys: HashMap::new(),
             in_txn: false,
-            retry_at_len: None,
+            uncommitted: Default::default(),
         }
     }
 
@@ -389,8 +387,7 @@ impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
         self.validate()?;
         self.pg = Some(conn::config(&self.config.url)?);
         self.check_server()?;
-        let pg = self.pg.as_ref().expect("configured");
-        self.data = Some(conn::connect(pg, self.config.unavailable_wait_ms)?);
+        self.connect_data()?;
         Ok(())
     }
 
@@ -471,12 +468,14 @@ impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
             return Err(self.data_failed(&format!("PREPARE TRANSACTION {gid}"), e));
         }
         self.in_txn = false;
+        self.uncommitted.insert(gid.clone());
         Ok(Some(PreparedTxn { gid, checkpoint: checkpoint.0 }))
     }
 
     fn commit(&mut self, committables: &[PreparedTxn]) -> ConnectorResult<()> {
         for txn in committables {
             self.commit_one(txn)?;
+            self.uncommitted.remove(&txn.gid);
         }
         Ok(())
     }
@@ -498,7 +497,7 @@ impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
         self.control = None;
         self.buffer.clear();
         self.buffered_keys.clear();
-        self.retry_at_len = None;
+        self.uncommitted.clear();
         self.in_txn = false;
     }
 

@@ -1,8 +1,8 @@
 //! The write path of [`PostgresSink`]: multi-row statements into the open transaction, and flushes
-//! that step aside from rows locked by the sink's own prepared transactions.
+//! that wait while the sink's own prepared transactions (which lock their rows) are uncommitted.
 
 use super::conn;
-use super::{sql, PostgresSink, Prepared, DEFERRED_FLUSH_LOCK_WAIT_MS, MAX_DEFERRED_BATCHES};
+use super::{sql, PostgresSink, Prepared, MAX_DEFERRED_ROWS};
 use crate::error::{ConnectorError, ConnectorResult};
 use postgres::error::SqlState;
 
@@ -27,19 +27,23 @@ impl<T> PostgresSink<T> {
 
     /// Send the buffered rows into the open transaction (beginning it if needed).
     ///
-    /// Rows of a key that a prepared transaction of this sink still locks (its checkpoint's completion
-    /// has not reached the sink yet) would block the task thread, which is the thread that commits
-    /// that transaction: a deadlock. So a flush between barriers (`final_for_barrier` false) waits at
-    /// most [`DEFERRED_FLUSH_LOCK_WAIT_MS`] for a lock, then undoes its statements to a savepoint and
-    /// keeps the rows buffered for later (up to [`MAX_DEFERRED_BATCHES`] batches); the flush at a
-    /// barrier waits up to `lock_wait_ms` and then fails the task, and the job restores.
+    /// Until its checkpoint's completion reaches the sink, a prepared transaction of this sink keeps
+    /// its rows locked, and the thread that would wait for those locks is the one that commits it: a
+    /// deadlock. So between barriers (`final_for_barrier` false) an upserting sink does not write
+    /// while any of its prepared transactions is uncommitted; it keeps the rows buffered, one per key
+    /// (up to [`MAX_DEFERRED_ROWS`] keys, then it writes anyway). Plain inserts do not wait for row
+    /// locks, except on a unique key written twice, which is an error anyway. Every statement waits at most
+    /// `lock_wait_ms` for a lock (the session's `lock_timeout`), then fails the task, and the job
+    /// restores instead of hanging.
     pub(super) fn flush(&mut self, final_for_barrier: bool) -> ConnectorResult<()> {
         if self.buffer.is_empty() {
             return Ok(());
         }
-        if !final_for_barrier && self.retry_at_len.is_some_and(|at| self.buffer.len() < at) {
-            // An earlier flush found rows locked: try again after another batch of rows (by then the
-            // commit has likely come), or at the barrier.
+        if !final_for_barrier
+            && self.key.is_some()
+            && !self.uncommitted.is_empty()
+            && self.buffer.len() < MAX_DEFERRED_ROWS
+        {
             return Ok(());
         }
         if self.data.as_ref().is_none_or(|c| c.is_closed()) {
@@ -49,9 +53,7 @@ impl<T> PostgresSink<T> {
                     "PostgreSQL sink: the data connection closed with a transaction open; the job restores",
                 ));
             }
-            let pg = self.pg.as_ref().expect("opened");
-            self.data = Some(conn::connect(pg, self.config.unavailable_wait_ms)?);
-            self.statements = None;
+            self.connect_data()?;
         }
         if !self.in_txn {
             if let Err(e) = self.data.as_mut().expect("connected").batch_execute("BEGIN") {
@@ -59,29 +61,14 @@ impl<T> PostgresSink<T> {
             }
             self.in_txn = true;
         }
-        let may_defer = !final_for_barrier && self.buffer.len() < self.config.batch_rows * MAX_DEFERRED_BATCHES;
-        let wait_ms = if may_defer { DEFERRED_FLUSH_LOCK_WAIT_MS } else { self.config.lock_wait_ms };
-        let setup = format!("SET LOCAL lock_timeout = {wait_ms}; SAVEPOINT cutline_flush");
-        if let Err(e) = self.data.as_mut().expect("connected").batch_execute(&setup) {
-            return Err(self.data_failed("SAVEPOINT", e));
-        }
         let rows = std::mem::take(&mut self.buffer);
+        self.buffered_keys.clear();
         for chunk in rows.chunks(self.config.batch_rows) {
             let st = self.statement(chunk.len())?;
             let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
                 chunk.iter().flatten().map(|v| v as &(dyn postgres::types::ToSql + Sync)).collect();
             let Err(e) = self.data.as_mut().expect("connected").execute(&st, &params) else { continue };
             if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
-                if may_defer {
-                    if let Err(e) =
-                        self.data.as_mut().expect("connected").batch_execute("ROLLBACK TO SAVEPOINT cutline_flush")
-                    {
-                        return Err(self.data_failed("ROLLBACK TO SAVEPOINT", e));
-                    }
-                    self.buffer = rows; // the keys stay in `buffered_keys`, pointing at the same rows
-                    self.retry_at_len = Some(self.buffer.len() + self.config.batch_rows);
-                    return Ok(());
-                }
                 return Err(self.data_failed(
                     &format!(
                         "rows of {} stayed locked for lock_wait_ms = {} ms (by a prepared transaction of an \
@@ -93,8 +80,18 @@ impl<T> PostgresSink<T> {
             }
             return Err(self.data_failed(&format!("writing {} rows into {}", chunk.len(), self.config.table), e));
         }
-        self.buffered_keys.clear();
-        self.retry_at_len = None;
+        Ok(())
+    }
+
+    /// (Re)connect the data connection, its statements to be prepared again, its lock waits bounded.
+    pub(super) fn connect_data(&mut self) -> ConnectorResult<()> {
+        let pg = self.pg.as_ref().expect("opened");
+        let mut c = conn::connect(pg, self.config.unavailable_wait_ms)?;
+        if let Err(e) = c.batch_execute(&format!("SET lock_timeout = {}", self.config.lock_wait_ms)) {
+            return Err(self.data_failed("SET lock_timeout", e));
+        }
+        self.data = Some(c);
+        self.statements = None;
         Ok(())
     }
 }
