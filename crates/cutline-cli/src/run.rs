@@ -29,6 +29,9 @@ fn kill_self_at(spec: &str) -> Result<cutline::Faults> {
         ),
     };
     let n: u64 = n.parse().with_context(|| format!("--kill-self-at {spec}: N must be a positive integer"))?;
+    if n == 0 {
+        bail!("--kill-self-at {spec}: N must be a positive integer (the first time is 1)");
+    }
     let seen = std::sync::atomic::AtomicU64::new(0);
     Ok(cutline::Faults::new(move |p| {
         if p == point && seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == n {
@@ -302,4 +305,16 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
         println!("finished: final checkpoint {}, {counts}", report.final_checkpoint.map(|c| c.0).unwrap_or(0));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kill_self_at_refuses_unknown_points_and_a_count_of_zero() {
+        for bad in ["sink-comit:3", "sink-commit:0", "sink-commit:x", "sink-commit:-1"] {
+            let err = super::kill_self_at(bad).err().unwrap_or_else(|| panic!("{bad} accepted")).to_string();
+            assert!(err.contains("--kill-self-at"), "{bad}: {err}");
+        }
+        assert!(super::kill_self_at("sink-commit:3").is_ok() && super::kill_self_at("sink-recover").is_ok());
+    }
 }

@@ -270,6 +270,7 @@ fn bad_configurations_are_refused_at_open_with_what_is_wrong() {
         (PostgresSinkConfig::insert(&url(), &t, &["id; drop table x"]), "not a plain SQL name"),
         (PostgresSinkConfig::upsert(&url(), &t, &["id"], &["k"]), "key column \"k\" is not one of the columns"),
         (PostgresSinkConfig { batch_rows: 0, ..PostgresSinkConfig::insert(&url(), &t, &["id"]) }, "batch_rows = 0"),
+        (PostgresSinkConfig { lock_wait_ms: 0, ..PostgresSinkConfig::insert(&url(), &t, &["id"]) }, "lock_wait_ms = 0"),
         (PostgresSinkConfig::insert("postgres://nobody@[::1", &t, &["id"]), "bad connection string"),
     ];
     for (cfg, want) in cases {

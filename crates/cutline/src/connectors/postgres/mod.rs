@@ -78,8 +78,8 @@ pub struct PostgresSinkConfig {
     /// `"word text PRIMARY KEY, n bigint NOT NULL"`; `None` (the default): the table must exist.
     /// SQL from your code, never from untrusted input.
     pub create_table: Option<String>,
-    /// How long the write at a barrier waits for rows another transaction locks before the task
-    /// fails (PostgreSQL's `lock_timeout`).
+    /// How long any statement of the sink waits for rows another transaction locks before the task
+    /// fails (the data connection's `lock_timeout`); at least 1.
     pub lock_wait_ms: u64,
 }
 
@@ -313,6 +313,12 @@ impl<T> PostgresSink<T> {
         let cfg = &self.config;
         if cfg.columns.is_empty() {
             return Err(ConnectorError::permanent("PostgreSQL sink: no columns configured"));
+        }
+        if cfg.lock_wait_ms == 0 {
+            // PostgreSQL reads lock_timeout = 0 as "wait forever": the deadlock the bound prevents.
+            return Err(ConnectorError::permanent(
+                "PostgreSQL sink: lock_wait_ms = 0 would let a statement wait forever for a lock; give it at least 1",
+            ));
         }
         self.table = sql::table_name(&cfg.table)?;
         self.columns = cfg.columns.iter().map(|c| sql::ident(c, "column")).collect::<Result<_, _>>()?;
