@@ -18,11 +18,15 @@ pub(crate) enum RunJob {
 
 #[derive(Args)]
 pub(crate) struct WordcountArgs {
-    #[arg(long)]
+    /// A text file, or a Kafka topic whose record values are the lines:
+    /// `kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?bounded=true]` (needs `--features kafka`).
+    #[arg(long, value_name = "FILE|URL")]
     pub(crate) input: PathBuf,
-    /// A directory (committed files of `WORD<TAB>COUNT` lines), or a PostgreSQL table:
+    /// A directory (committed files of `WORD<TAB>COUNT` lines), a PostgreSQL table:
     /// `postgres://USER[:PASSWORD]@HOST:PORT/DATABASE?table=NAME` (one row per word, upserted by
-    /// two-phase commit; created when missing; needs a build with `--features postgres`).
+    /// two-phase commit; created when missing; needs a build with `--features postgres`), or a Kafka
+    /// topic: `kafka://HOST:PORT/TOPIC[?mode=at-least-once]` (word as key, count as value, exactly
+    /// once by default; needs `--features kafka`).
     #[arg(long, value_name = "DIR|URL")]
     pub(crate) output: PathBuf,
     #[arg(long)]
@@ -147,7 +151,8 @@ pub(crate) fn build_job(args: &[String]) -> std::result::Result<(cutline::JobGra
         }
     };
     let output = cutline_cli::jobs::WordcountOutput::parse(output.to_str().unwrap_or_default())?;
-    let fingerprint = format!("wordcount input={} output={}", input.display(), output.name());
+    let input = cutline_cli::jobs::WordcountInput::parse(input.to_str().unwrap_or_default())?;
+    let fingerprint = format!("wordcount input={} output={}", input.name(), output.name());
     let graph = cutline_cli::jobs::wordcount_into(&input, parallelism, &output, line_delay_us)?
         .build()
         .map_err(|e| e.to_string())?;

@@ -2,7 +2,9 @@
 //! Each is an ordinary cutline job built with the public API; nothing here is special-cased by the engine.
 
 use cutline::{splitmix64, DiscardSink, GeneratorSource, Job, LineFileSource, Sink, TransactionalFileSink};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+pub use crate::endpoints::{WordcountInput, WordcountOutput};
 
 /// Word count: lines of `input`, split on Unicode whitespace, a running count per word, every update
 /// written as `WORD<TAB>COUNT` through `sink`.
@@ -18,9 +20,23 @@ pub fn wordcount_paced<S: Sink<(String, u64)> + Clone>(
     sink: S,
     line_delay_us: u64,
 ) -> Job {
+    wordcount_from(&WordcountInput::File(input.to_path_buf()), parallelism, sink, line_delay_us)
+        .expect("a file input needs no feature")
+}
+
+/// Word count over `input` into `sink`; see [`wordcount_paced`].
+pub fn wordcount_from<S: Sink<(String, u64)> + Clone>(
+    input: &WordcountInput,
+    parallelism: u32,
+    sink: S,
+    line_delay_us: u64,
+) -> Result<Job, String> {
     let job = Job::new("wordcount");
     job.set_parallelism(parallelism);
-    let lines = job.source("lines", LineFileSource::new(input));
+    let lines = match input {
+        WordcountInput::File(path) => job.source("lines", LineFileSource::new(path)),
+        WordcountInput::Kafka { brokers, topic, bounded } => kafka_lines(&job, brokers, topic, *bounded)?,
+    };
     let lines = if line_delay_us > 0 {
         lines.map(move |l: String| {
             std::thread::sleep(std::time::Duration::from_micros(line_delay_us));
@@ -34,8 +50,26 @@ pub fn wordcount_paced<S: Sink<(String, u64)> + Clone>(
         .key_by(|w: &String| w.clone())
         .aggregate("counts", || 0u64, |c, _w| *c += 1, |w, c| (w.clone(), *c))
         .sink("output", sink);
-    job
+    Ok(job)
 }
+
+#[cfg(feature = "kafka")]
+fn kafka_lines(job: &Job, brokers: &str, topic: &str, bounded: bool) -> Result<cutline::Stream<String>, String> {
+    use cutline::connectors::kafka::{KafkaRecord, KafkaSource, KafkaSourceConfig};
+    let mut config = KafkaSourceConfig::new(brokers, &[topic]);
+    config.bounded = bounded;
+    Ok(job
+        .source_from("lines", move |_| KafkaSource::new(config.clone()))
+        .map(|r: KafkaRecord| String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned()))
+}
+
+#[cfg(not(feature = "kafka"))]
+fn kafka_lines(_: &Job, _: &str, _: &str, _: bool) -> Result<cutline::Stream<String>, String> {
+    Err(NO_KAFKA.into())
+}
+
+#[cfg(not(feature = "kafka"))]
+const NO_KAFKA: &str = "this cutline was built without Kafka support: build it with `--features kafka`";
 
 /// The transactional file sink of word count: `WORD<TAB>COUNT` lines.
 pub fn wordcount_file_sink(dir: &Path) -> TransactionalFileSink<(String, u64)> {
@@ -46,87 +80,47 @@ pub fn wordcount_file_sink(dir: &Path) -> TransactionalFileSink<(String, u64)> {
     })
 }
 
-/// Where word count writes: a directory through the transactional file sink, or (feature `postgres`)
-/// a PostgreSQL table by two-phase commit, one row per word upserted with its latest count.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WordcountOutput {
-    /// `WORD<TAB>COUNT` lines in committed files under this directory.
-    Dir(PathBuf),
-    /// `postgres://USER[:PASSWORD]@HOST:PORT/DATABASE?table=NAME`: the table (created when missing as
-    /// `word text PRIMARY KEY, count bigint NOT NULL`), and the connection string without `table`.
-    Postgres {
-        /// The connection string, `table` removed.
-        url: String,
-        /// The table, `name` or `schema.name`.
-        table: String,
-    },
-}
-
-impl WordcountOutput {
-    /// `postgres://...` or `postgresql://...` (with a `table` parameter) is a table; anything else a
-    /// directory.
-    pub fn parse(s: &str) -> Result<WordcountOutput, String> {
-        if !(s.starts_with("postgres://") || s.starts_with("postgresql://")) {
-            return Ok(WordcountOutput::Dir(PathBuf::from(s)));
-        }
-        let (base, query) = s.split_once('?').unwrap_or((s, ""));
-        let mut table = None;
-        let mut rest = Vec::new();
-        for kv in query.split('&').filter(|kv| !kv.is_empty()) {
-            match kv.split_once('=') {
-                Some(("table", t)) if !t.is_empty() => table = Some(t.to_string()),
-                _ => rest.push(kv),
-            }
-        }
-        let Some(table) = table else {
-            return Err(format!(
-                "--output {}: name the table: postgres://USER@HOST:PORT/DATABASE?table=NAME",
-                Self::without_password(s)
-            ));
-        };
-        let url = if rest.is_empty() { base.to_string() } else { format!("{base}?{}", rest.join("&")) };
-        Ok(WordcountOutput::Postgres { url, table })
-    }
-
-    /// What names the output in the job's fingerprint and in messages: the directory, or the
-    /// connection string without its password and the table.
-    pub fn name(&self) -> String {
-        match self {
-            WordcountOutput::Dir(d) => d.display().to_string(),
-            WordcountOutput::Postgres { url, table } => format!("{} table {table}", Self::without_password(url)),
-        }
-    }
-
-    fn without_password(url: &str) -> String {
-        let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
-        let (authority, tail) = rest.split_once('/').map_or((rest, None), |(a, t)| (a, Some(t)));
-        let authority = match authority.rsplit_once('@') {
-            Some((user, host)) => format!("{}@{host}", user.split(':').next().unwrap_or(user)),
-            None => authority.to_string(),
-        };
-        match tail {
-            Some(t) => format!("{scheme}://{authority}/{t}"),
-            None => format!("{scheme}://{authority}"),
-        }
-    }
-}
-
 /// Word count into `output` (see [`WordcountOutput`]).
 pub fn wordcount_into(
-    input: &Path,
+    input: &WordcountInput,
     parallelism: u32,
     output: &WordcountOutput,
     line_delay_us: u64,
 ) -> Result<Job, String> {
     match output {
-        WordcountOutput::Dir(dir) => Ok(wordcount_paced(input, parallelism, wordcount_file_sink(dir), line_delay_us)),
+        WordcountOutput::Dir(dir) => wordcount_from(input, parallelism, wordcount_file_sink(dir), line_delay_us),
         WordcountOutput::Postgres { url, table } => postgres_wordcount(input, parallelism, url, table, line_delay_us),
+        WordcountOutput::Kafka { brokers, topic, exactly_once } => {
+            kafka_wordcount(input, parallelism, brokers, topic, *exactly_once, line_delay_us)
+        }
     }
+}
+
+#[cfg(feature = "kafka")]
+fn kafka_wordcount(
+    input: &WordcountInput,
+    parallelism: u32,
+    brokers: &str,
+    topic: &str,
+    exactly_once: bool,
+    line_delay_us: u64,
+) -> Result<Job, String> {
+    use cutline::connectors::kafka::{KafkaSink, KafkaSinkConfig};
+    let config = if exactly_once {
+        KafkaSinkConfig::exactly_once(brokers, topic)
+    } else {
+        KafkaSinkConfig::at_least_once(brokers, topic)
+    };
+    let sink = KafkaSink::new(config, |(w, c): &(String, u64), key: &mut Vec<u8>, value: &mut Vec<u8>| {
+        key.extend_from_slice(w.as_bytes());
+        value.extend_from_slice(c.to_string().as_bytes());
+    });
+    wordcount_from(input, parallelism, sink, line_delay_us)
 }
 
 #[cfg(feature = "postgres")]
 fn postgres_wordcount(
-    input: &Path,
+    input: &WordcountInput,
     parallelism: u32,
     url: &str,
     table: &str,
@@ -137,11 +131,16 @@ fn postgres_wordcount(
     config.create_table = Some("word text PRIMARY KEY, count bigint NOT NULL".into());
     let row: RowFn<(String, u64)> =
         std::sync::Arc::new(|(w, c): &(String, u64)| vec![SqlValue::from(w.as_str()), SqlValue::Int(*c as i64)]);
-    Ok(wordcount_paced(input, parallelism, PostgresSink::new(config, row), line_delay_us))
+    wordcount_from(input, parallelism, PostgresSink::new(config, row), line_delay_us)
+}
+
+#[cfg(not(feature = "kafka"))]
+fn kafka_wordcount(_: &WordcountInput, _: u32, _: &str, _: &str, _: bool, _: u64) -> Result<Job, String> {
+    Err(NO_KAFKA.into())
 }
 
 #[cfg(not(feature = "postgres"))]
-fn postgres_wordcount(_: &Path, _: u32, _: &str, _: &str, _: u64) -> Result<Job, String> {
+fn postgres_wordcount(_: &WordcountInput, _: u32, _: &str, _: &str, _: u64) -> Result<Job, String> {
     Err("this cutline was built without PostgreSQL support: build it with `--features postgres`".into())
 }
 
@@ -451,25 +450,4 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::WordcountOutput;
-
-    #[test]
-    fn outputs_are_directories_unless_they_are_postgres_urls_naming_a_table() {
-        assert_eq!(WordcountOutput::parse("out/dir").unwrap(), WordcountOutput::Dir("out/dir".into()));
-        let pg = WordcountOutput::parse("postgres://u:secret@h:5432/db?sslmode=disable&table=wc").unwrap();
-        assert_eq!(
-            pg,
-            WordcountOutput::Postgres {
-                url: "postgres://u:secret@h:5432/db?sslmode=disable".into(),
-                table: "wc".into()
-            }
-        );
-        assert_eq!(pg.name(), "postgres://u@h:5432/db?sslmode=disable table wc", "the password must not be shown");
-        let err = WordcountOutput::parse("postgresql://u:secret@h/db").unwrap_err();
-        assert!(err.contains("?table=NAME") && !err.contains("secret"), "{err}");
-    }
 }

@@ -3,5 +3,6 @@
 //! the work it did, shared with its integration tests.
 //! The command itself is `src/main.rs`.
 
+pub mod endpoints;
 pub mod jobs;
 pub mod tally;

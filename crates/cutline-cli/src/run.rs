@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use cutline::admin::{self, AdminError};
 use cutline::cluster::ClusterConfig;
 use cutline::{CheckpointConfig, CheckpointMode, CheckpointStore, LocalDirStore, RunConfig};
-use cutline_cli::jobs::WordcountOutput;
+use cutline_cli::jobs::{WordcountInput, WordcountOutput};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -54,6 +54,23 @@ pub(crate) fn absolute_output(output: &Path) -> Result<WordcountOutput> {
     }
 }
 
+/// `--input` as the job names it: a readable regular file by its canonical path, or a Kafka topic.
+pub(crate) fn absolute_input(input: &Path) -> Result<WordcountInput> {
+    let text = input.to_str().unwrap_or_default();
+    if let kafka @ WordcountInput::Kafka { .. } = WordcountInput::parse(text).map_err(anyhow::Error::msg)? {
+        return Ok(kafka);
+    }
+    let meta = std::fs::metadata(input).with_context(|| format!("cannot read input {}", input.display()))?;
+    if !meta.is_file() {
+        bail!(
+            "input {} is not a regular file (a directory, pipe or device): the source rewinds it by byte offset after a failure, so it must be a file",
+            input.display()
+        );
+    }
+    std::fs::File::open(input).with_context(|| format!("cannot read input {}", input.display()))?;
+    Ok(WordcountInput::File(std::fs::canonicalize(input)?))
+}
+
 pub(crate) fn check_writable_dir(dir: &Path, what: &str) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {what} directory {}", dir.display()))?;
     let probe = dir.join(format!(".cutline-probe-{}", std::process::id()));
@@ -79,19 +96,11 @@ pub(crate) fn wordcount_config(
     if parallelism == 0 {
         bail!("--parallelism must be at least 1");
     }
-    let meta = std::fs::metadata(input).with_context(|| format!("cannot read input {}", input.display()))?;
-    if !meta.is_file() {
-        bail!(
-            "input {} is not a regular file (a directory, pipe or device): the source rewinds it by byte offset after a failure, so it must be a file",
-            input.display()
-        );
-    }
-    std::fs::File::open(input).with_context(|| format!("cannot read input {}", input.display()))?;
-    let input_abs = std::fs::canonicalize(input)?;
+    let input = absolute_input(input)?;
     // The output (a directory's absolute path, or a table) names the job: refuse another job's state
     // before creating anything.
     let output = absolute_output(output)?;
-    let fingerprint = format!("wordcount input={} output={}", input_abs.display(), output.name());
+    let fingerprint = format!("wordcount input={} output={}", input.name(), output.name());
     if state.join("job.meta").exists() {
         let store = LocalDirStore::open_existing(state)
             .with_context(|| format!("cannot open state directory {}", state.display()))?;
@@ -111,7 +120,7 @@ pub(crate) fn wordcount_config(
         None => None,
     };
     // Build (and so validate) the job before creating any directory.
-    let graph = cutline_cli::jobs::wordcount_into(&input_abs, parallelism, &output, line_delay_us)
+    let graph = cutline_cli::jobs::wordcount_into(&input, parallelism, &output, line_delay_us)
         .map_err(anyhow::Error::msg)?
         .build()?;
     if let WordcountOutput::Dir(dir) = &output {
@@ -205,12 +214,12 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
         None => cutline::spawn(graph, cfg),
         Some(listen) => {
             let c = &a.cluster;
-            let input = std::fs::canonicalize(&a.input)?;
+            let input = absolute_input(&a.input)?.name();
             let output = match absolute_output(&a.output)? {
                 WordcountOutput::Dir(d) => d,
-                WordcountOutput::Postgres { .. } => a.output.clone(),
+                WordcountOutput::Postgres { .. } | WordcountOutput::Kafka { .. } => a.output.clone(),
             };
-            let job_args = ["wordcount", "--input", &input.display().to_string(), "--output"]
+            let job_args = ["wordcount", "--input", &input, "--output"]
                 .iter()
                 .map(|s| s.to_string())
                 .chain([

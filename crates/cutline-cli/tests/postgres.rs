@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{cutline, restored_checkpoints, word_lines, Scratch, XorShift};
+use common::{cutline, expected_counts, restored_checkpoints, wait_bounded, word_lines, Scratch, XorShift};
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
@@ -16,8 +16,6 @@ use std::time::{Duration, Instant};
 const KILL_ROUNDS: u32 = 8;
 const KILL_DELAY_MS: (u64, u64) = (150, 900);
 const TIME_LIMIT: Duration = Duration::from_secs(180);
-/// Longest one run may take (a complete run takes about 3 s here).
-const RUN_LIMIT: Duration = Duration::from_secs(60);
 
 fn url() -> String {
     std::env::var("CUTLINE_PG_URL").expect(
@@ -30,32 +28,6 @@ fn psql(sql: &str) -> String {
     let out = Command::new("psql").args([&url(), "-X", "-q", "-At", "-c", sql]).output().expect("run psql");
     assert!(out.status.success(), "psql {sql}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
-}
-
-/// Wait for a run, at most `RUN_LIMIT`: a run that hangs is killed and fails the test.
-fn wait_bounded(child: &mut std::process::Child, scratch: &Scratch, what: &str) -> std::process::ExitStatus {
-    let deadline = Instant::now() + RUN_LIMIT;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let log = scratch.log_text("runs");
-            let tail: Vec<&str> = log.lines().rev().take(6).collect();
-            panic!("{what} did not end within {RUN_LIMIT:?}; last log lines (newest first): {tail:#?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn expected_counts(text: &str) -> BTreeMap<String, u64> {
-    let mut m = BTreeMap::new();
-    for w in text.split_whitespace() {
-        *m.entry(w.to_string()).or_insert(0) += 1;
-    }
-    m
 }
 
 #[test]

@@ -311,3 +311,32 @@ pub fn summary(events: &[LogEvent]) -> String {
     }
     names.iter().map(|(n, c)| format!("{n}: {c}")).collect::<Vec<_>>().join(", ")
 }
+
+/// Longest one run of a drill may take (a complete run takes a few seconds here).
+pub const DRILL_RUN_LIMIT: Duration = Duration::from_secs(60);
+
+/// Wait for a run, at most `DRILL_RUN_LIMIT`: a run that hangs is killed and fails the test.
+pub fn wait_bounded(child: &mut std::process::Child, scratch: &Scratch, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + DRILL_RUN_LIMIT;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = scratch.log_text("runs");
+            let tail: Vec<&str> = log.lines().rev().take(6).collect();
+            panic!("{what} did not end within {DRILL_RUN_LIMIT:?}; last log lines (newest first): {tail:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn expected_counts(text: &str) -> std::collections::BTreeMap<String, u64> {
+    let mut m = std::collections::BTreeMap::new();
+    for w in text.split_whitespace() {
+        *m.entry(w.to_string()).or_insert(0) += 1;
+    }
+    m
+}

@@ -8,6 +8,8 @@
 
 mod file_sink;
 mod generator;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 mod line_file;
 mod memory;
 #[cfg(feature = "postgres")]

@@ -81,6 +81,10 @@ pub enum RunError {
     /// The operating system refused a thread.
     #[error("cannot start a thread ({0}): raise the process or thread limit, or lower the parallelism")]
     Spawn(std::io::Error),
+    /// A task could not start (a source or sink failed to open or recover, a worker was lost): a
+    /// failure like any other, retried under the restart strategy.
+    #[error("a task could not start: {0}")]
+    Start(String),
     /// A broken invariant of cutline itself.
     #[error("{0} (a bug in cutline: please report it with the job that triggers it)")]
     Internal(String),

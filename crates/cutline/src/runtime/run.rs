@@ -148,7 +148,7 @@ impl LifeHost for RunHost<'_> {
                         // A process of the cluster cannot run this job at all.
                         DeployError::Refused(e) => DeployFailure { error: RunError::Permanent(e), permanent: true },
                         // A source or sink failed to open or recover, a worker was lost: a failure like any other.
-                        DeployError::Retry(e) => DeployFailure { error: RunError::Internal(e), permanent: false },
+                        DeployError::Retry(e) => DeployFailure { error: RunError::Start(e), permanent: false },
                     });
                 }
             };

@@ -3,6 +3,8 @@
 //! ([`Faults`], [`FaultPoint`]). Not part of the default public API.
 
 pub mod coordbench;
+#[cfg(feature = "kafka")]
+pub mod kafka_committed;
 pub mod sim;
 
 pub use crate::fault::{FaultPoint, Faults};
