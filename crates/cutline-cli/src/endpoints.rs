@@ -74,8 +74,9 @@ impl WordcountInput {
 pub enum WordcountOutput {
     /// `WORD<TAB>COUNT` lines in committed files under this directory.
     Dir(PathBuf),
-    /// `kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?mode=at-least-once]`: records with the word as key and
-    /// the count as value, exactly once by default.
+    /// `kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?mode=at-least-once][&partitioning=fixed]`: records
+    /// with the word as key and the count as value, exactly once by default, partitioned by key (or
+    /// subtask `i` into partition `i % partitions`).
     Kafka {
         /// Bootstrap brokers.
         brokers: String,
@@ -83,6 +84,8 @@ pub enum WordcountOutput {
         topic: String,
         /// Transactions committed after checkpoints (the default), or the idempotent producer.
         exactly_once: bool,
+        /// Subtask `i` writes partition `i % partitions` (else records go by key).
+        fixed_partitions: bool,
     },
     /// `postgres://USER[:PASSWORD]@HOST:PORT/DATABASE?table=NAME`: the table (created when missing as
     /// `word text PRIMARY KEY, count bigint NOT NULL`), and the connection string without `table`.
@@ -99,19 +102,21 @@ impl WordcountOutput {
     /// directory.
     pub fn parse(s: &str) -> Result<WordcountOutput, String> {
         if let Some((brokers, topic, params)) = kafka_url("--output", s)? {
-            let mut exactly_once = true;
+            let (mut exactly_once, mut fixed_partitions) = (true, false);
             for (k, v) in params {
                 match (k, v) {
                     ("mode", "exactly-once") => exactly_once = true,
                     ("mode", "at-least-once") => exactly_once = false,
+                    ("partitioning", "by-key") => fixed_partitions = false,
+                    ("partitioning", "fixed") => fixed_partitions = true,
                     _ => {
                         return Err(format!(
-                            "--output {s}: unknown parameter {k}={v} (known: mode=exactly-once|at-least-once)"
+                            "--output {s}: unknown parameter {k}={v} (known: mode=exactly-once|at-least-once, partitioning=by-key|fixed)"
                         ))
                     }
                 }
             }
-            return Ok(WordcountOutput::Kafka { brokers, topic, exactly_once });
+            return Ok(WordcountOutput::Kafka { brokers, topic, exactly_once, fixed_partitions });
         }
         if !(s.starts_with("postgres://") || s.starts_with("postgresql://")) {
             return Ok(WordcountOutput::Dir(PathBuf::from(s)));
@@ -141,8 +146,17 @@ impl WordcountOutput {
         match self {
             WordcountOutput::Dir(d) => d.display().to_string(),
             WordcountOutput::Postgres { url, table } => format!("{} table {table}", Self::without_password(url)),
-            WordcountOutput::Kafka { brokers, topic, exactly_once } => {
-                format!("kafka://{brokers}/{topic}{}", if *exactly_once { "" } else { "?mode=at-least-once" })
+            WordcountOutput::Kafka { brokers, topic, exactly_once, fixed_partitions } => {
+                // Defaults unnamed (the fingerprint of a job started before a parameter existed stays).
+                let params: Vec<&str> = [
+                    (!*exactly_once).then_some("mode=at-least-once"),
+                    fixed_partitions.then_some("partitioning=fixed"),
+                ]
+                .into_iter()
+                .flatten()
+                .collect();
+                let query = if params.is_empty() { String::new() } else { format!("?{}", params.join("&")) };
+                format!("kafka://{brokers}/{topic}{query}")
             }
         }
     }
@@ -164,6 +178,27 @@ impl WordcountOutput {
 #[cfg(test)]
 mod tests {
     use super::WordcountOutput;
+
+    #[test]
+    fn kafka_outputs_name_only_the_parameters_that_differ_from_the_defaults() {
+        for (url, exactly_once, fixed_partitions, name) in [
+            ("kafka://h:1/t", true, false, "kafka://h:1/t"),
+            ("kafka://h:1/t?mode=exactly-once&partitioning=by-key", true, false, "kafka://h:1/t"),
+            ("kafka://h:1/t?partitioning=fixed", true, true, "kafka://h:1/t?partitioning=fixed"),
+            (
+                "kafka://h:1/t?mode=at-least-once&partitioning=fixed",
+                false,
+                true,
+                "kafka://h:1/t?mode=at-least-once&partitioning=fixed",
+            ),
+        ] {
+            let out = WordcountOutput::parse(url).unwrap();
+            let want =
+                WordcountOutput::Kafka { brokers: "h:1".into(), topic: "t".into(), exactly_once, fixed_partitions };
+            assert_eq!(out, want, "{url}");
+            assert_eq!(out.name(), name, "{url}");
+        }
+    }
 
     #[test]
     fn outputs_are_directories_unless_they_are_postgres_urls_naming_a_table() {

@@ -90,8 +90,8 @@ pub fn wordcount_into(
     match output {
         WordcountOutput::Dir(dir) => wordcount_from(input, parallelism, wordcount_file_sink(dir), line_delay_us),
         WordcountOutput::Postgres { url, table } => postgres_wordcount(input, parallelism, url, table, line_delay_us),
-        WordcountOutput::Kafka { brokers, topic, exactly_once } => {
-            kafka_wordcount(input, parallelism, brokers, topic, *exactly_once, line_delay_us)
+        WordcountOutput::Kafka { brokers, topic, exactly_once, fixed_partitions } => {
+            kafka_wordcount(input, parallelism, brokers, topic, (*exactly_once, *fixed_partitions), line_delay_us)
         }
     }
 }
@@ -102,15 +102,18 @@ fn kafka_wordcount(
     parallelism: u32,
     brokers: &str,
     topic: &str,
-    exactly_once: bool,
+    (exactly_once, fixed_partitions): (bool, bool),
     line_delay_us: u64,
 ) -> Result<Job, String> {
-    use cutline::connectors::kafka::{KafkaSink, KafkaSinkConfig};
-    let config = if exactly_once {
+    use cutline::connectors::kafka::{KafkaPartitioning, KafkaSink, KafkaSinkConfig};
+    let mut config = if exactly_once {
         KafkaSinkConfig::exactly_once(brokers, topic)
     } else {
         KafkaSinkConfig::at_least_once(brokers, topic)
     };
+    if fixed_partitions {
+        config.partitioning = KafkaPartitioning::Fixed;
+    }
     let sink = KafkaSink::new(config, |(w, c): &(String, u64), key: &mut Vec<u8>, value: &mut Vec<u8>| {
         key.extend_from_slice(w.as_bytes());
         value.extend_from_slice(c.to_string().as_bytes());
@@ -135,7 +138,7 @@ fn postgres_wordcount(
 }
 
 #[cfg(not(feature = "kafka"))]
-fn kafka_wordcount(_: &WordcountInput, _: u32, _: &str, _: &str, _: bool, _: u64) -> Result<Job, String> {
+fn kafka_wordcount(_: &WordcountInput, _: u32, _: &str, _: &str, _: (bool, bool), _: u64) -> Result<Job, String> {
     Err(NO_KAFKA.into())
 }
 

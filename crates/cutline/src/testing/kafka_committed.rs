@@ -34,6 +34,10 @@ pub struct CommittedRecord {
     pub key: Option<Vec<u8>>,
     /// Its value.
     pub value: Option<Vec<u8>>,
+    /// The id of the producer that wrote it (-1 for a non-idempotent producer).
+    pub producer_id: i64,
+    /// That producer's epoch when it wrote it.
+    pub producer_epoch: i16,
 }
 
 fn bad(what: impl Into<String>) -> io::Error {
@@ -211,7 +215,7 @@ fn parse_batches(
         let _base_ts = c.i64()?;
         let _max_ts = c.i64()?;
         let producer = c.i64()?;
-        let _epoch = c.i16()?;
+        let epoch = c.i16()?;
         let _seq = c.i32()?;
         let count = c.i32()?;
         for _ in 0..count {
@@ -241,7 +245,7 @@ fn parse_batches(
                 }
                 continue;
             }
-            let r = CommittedRecord { partition, offset, key, value };
+            let r = CommittedRecord { partition, offset, key, value, producer_id: producer, producer_epoch: epoch };
             if transactional {
                 open.entry(producer).or_default().push(r);
             } else {

@@ -12,7 +12,7 @@ mod sink;
 mod source;
 
 pub use sink::{
-    KafkaSink, KafkaSinkConfig, KafkaSinkMode, KafkaTxn, RecordFn, DEFAULT_MAX_EPOCH_BYTES,
+    KafkaPartitioning, KafkaSink, KafkaSinkConfig, KafkaSinkMode, KafkaTxn, RecordFn, DEFAULT_MAX_EPOCH_BYTES,
     DEFAULT_TRANSACTION_TIMEOUT_MS, MIN_TRANSACTION_TIMEOUT_MS,
 };
 pub use source::{

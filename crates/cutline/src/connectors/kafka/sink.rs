@@ -35,6 +35,9 @@ use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// Longest pause between two reads of the marker while waiting for a commit to show.
+const MAX_MARKER_POLL_MS: u64 = 50;
+
 /// Default of [`KafkaSinkConfig::max_epoch_bytes`]: 256 MiB.
 pub const DEFAULT_MAX_EPOCH_BYTES: usize = 256 << 20;
 /// Default of [`KafkaSinkConfig::transaction_timeout_ms`].
@@ -53,6 +56,17 @@ pub enum KafkaSinkMode {
     AtLeastOnce,
 }
 
+/// Which partition a [`KafkaSink`] subtask writes a record to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KafkaPartitioning {
+    /// librdkafka's partitioner: by a hash of the key (records without a key are spread).
+    #[default]
+    ByKey,
+    /// Subtask `i` writes every record to the topic's `i % partitions`-th partition (Flink's
+    /// `FlinkFixedPartitioner`): the subtasks' transactions never share a partition.
+    Fixed,
+}
+
 /// Where and how a [`KafkaSink`] writes.
 #[derive(Clone, Debug)]
 pub struct KafkaSinkConfig {
@@ -62,6 +76,8 @@ pub struct KafkaSinkConfig {
     pub topic: String,
     /// Exactly-once or at-least-once.
     pub mode: KafkaSinkMode,
+    /// Which partition a record goes to.
+    pub partitioning: KafkaPartitioning,
     /// The producer's `transaction.timeout.ms` (exactly-once): how long one commit may take before
     /// the broker aborts it; at least [`MIN_TRANSACTION_TIMEOUT_MS`] and at most the broker's
     /// `transaction.max.timeout.ms`.
@@ -84,6 +100,7 @@ impl KafkaSinkConfig {
             brokers: brokers.to_owned(),
             topic: topic.to_owned(),
             mode: KafkaSinkMode::ExactlyOnce,
+            partitioning: KafkaPartitioning::ByKey,
             transaction_timeout_ms: DEFAULT_TRANSACTION_TIMEOUT_MS,
             max_epoch_bytes: DEFAULT_MAX_EPOCH_BYTES,
             unavailable_wait_ms: DEFAULT_UNAVAILABLE_WAIT_MS,
@@ -202,6 +219,8 @@ pub struct KafkaSink<T> {
     value: Vec<u8>,
     /// The newest checkpoint this subtask's marker says is committed.
     committed: Option<u64>,
+    /// The partition every record goes to ([`KafkaPartitioning::Fixed`]), set at open.
+    partition: Option<i32>,
 }
 
 impl<T> Clone for KafkaSink<T> {
@@ -219,6 +238,7 @@ impl<T> KafkaSink<T> {
             ctx: None,
             producer: None,
             deliveries: Deliveries::default(),
+            partition: None,
             marker: None,
             data: Vec::new(),
             records: 0,
@@ -262,6 +282,9 @@ impl<T> KafkaSink<T> {
     fn send(&self, key: Option<&[u8]>, value: &[u8]) -> ConnectorResult<()> {
         let producer = self.producer();
         let mut record = BaseRecord::to(&self.config.topic).payload(value);
+        if let Some(p) = self.partition {
+            record = record.partition(p);
+        }
         if let Some(k) = key {
             record = record.key(k);
         }
@@ -291,6 +314,29 @@ impl<T> KafkaSink<T> {
             Some(Offset::Offset(o)) if o >= 0 => Some(o as u64),
             _ => None,
         })
+    }
+
+    /// Wait until the marker shows `checkpoint`. On Apache Kafka it does once `commit_transaction`
+    /// returned; a broker may apply a committed transaction's offsets later (Tansu holds them back
+    /// while a transaction of another producer overlaps on a partition). Not starting the next
+    /// transaction before that keeps such chains short, and a later recovery reads a final marker.
+    fn await_marker(&self, checkpoint: u64) -> ConnectorResult<()> {
+        let started = std::time::Instant::now();
+        let mut pause_ms = 1;
+        loop {
+            if self.read_marker()?.is_some_and(|m| m >= checkpoint) {
+                return Ok(());
+            }
+            if started.elapsed() >= self.wait() {
+                // Restoring now would read the old marker and commit these records a second time.
+                return Err(ConnectorError::permanent(format!(
+                    "Kafka sink: the broker committed checkpoint {checkpoint}'s transaction but did not apply its marker (a consumer-group offset committed in the transaction) within {} ms (unavailable_wait_ms), so a restore could write its records twice: the job stops. Check the broker's transaction support (Tansu 0.6.0 loses such offsets when transactions of two producers share a partition: use KafkaPartitioning::Fixed there)",
+                    self.config.unavailable_wait_ms
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(pause_ms));
+            pause_ms = (pause_ms * 2).min(MAX_MARKER_POLL_MS);
+        }
     }
 
     /// One transaction: the epoch's records and the marker.
@@ -339,6 +385,7 @@ impl<T> KafkaSink<T> {
         if let Some(e) = self.failed_delivery() {
             return Err(ConnectorError::transient(format!("Kafka sink: a record was not delivered: {e}")));
         }
+        self.await_marker(txn.checkpoint)?;
         self.committed = Some(txn.checkpoint);
         Ok(())
     }
@@ -374,7 +421,11 @@ impl<T: Send + 'static> Sink<T> for KafkaSink<T> {
         let probe: BaseConsumer = client_config("Kafka sink", &c.brokers, &[], &[], &[])?
             .create()
             .map_err(|e| ConnectorError::permanent(format!("Kafka sink: bad configuration: {e}")))?;
-        super::client::partitions_of(&probe, &c.topic, c.unavailable_wait_ms)?;
+        let partitions = super::client::partitions_of(&probe, &c.topic, c.unavailable_wait_ms)?;
+        self.partition = match c.partitioning {
+            KafkaPartitioning::ByKey => None,
+            KafkaPartitioning::Fixed => partitions.get(ctx.subtask as usize % partitions.len().max(1)).copied(),
+        };
         if exactly_once {
             let group = Self::marker_group(ctx);
             let marker: BaseConsumer = client_config(
@@ -387,6 +438,21 @@ impl<T: Send + 'static> Sink<T> for KafkaSink<T> {
             .create()
             .map_err(|e| ConnectorError::permanent(format!("Kafka sink: bad configuration: {e}")))?;
             self.marker = Some(marker);
+            // Fence every older producer of this subtask; a transaction a dead one left open is aborted.
+            let wait = c.unavailable_wait_ms;
+            with_retry("Kafka sink: fencing older producers (init_transactions)", wait, || {
+                producer.init_transactions(Duration::from_millis(wait))
+            })
+            .map_err(|e| {
+                if e.message().contains("InvalidTransactionTimeout") || e.message().contains("transaction timeout") {
+                        ConnectorError::permanent(format!(
+                            "{e}: transaction_timeout_ms ({}) is above what the broker allows (its transaction.max.timeout.ms): lower it",
+                            c.transaction_timeout_ms
+                        ))
+                } else {
+                        e
+                }
+            })?;
         }
         self.producer = Some(producer);
         self.ctx = Some(ctx.clone());
@@ -399,21 +465,10 @@ impl<T: Send + 'static> Sink<T> for KafkaSink<T> {
         if self.config.mode == KafkaSinkMode::AtLeastOnce {
             return Ok(());
         }
-        // Fence every older producer of this subtask; a transaction a dead one left open is aborted.
-        let wait = self.config.unavailable_wait_ms;
-        with_retry("Kafka sink: fencing older producers (init_transactions)", wait, || {
-            self.producer().init_transactions(Duration::from_millis(wait))
-        })
-        .map_err(|e| {
-            if e.message().contains("InvalidTransactionTimeout") || e.message().contains("transaction timeout") {
-                ConnectorError::permanent(format!(
-                    "{e}: transaction_timeout_ms ({}) is above what the broker allows (its transaction.max.timeout.ms): lower it",
-                    self.config.transaction_timeout_ms
-                ))
-            } else {
-                e
-            }
-        })?;
+        // Every subtask fenced its older producers in `open`, which the runtime runs for every task of
+        // a generation before it starts any: no transaction of a dead generation is still open, so
+        // the marker is final (see ARCHITECTURE.md on brokers that hold back a committed
+        // transaction until the overlapping ones end).
         self.committed = self.read_marker()?;
         let mut pending: Vec<&KafkaTxn> = to_commit.iter().collect();
         pending.sort_by_key(|t| t.checkpoint);
