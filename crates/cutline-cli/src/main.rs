@@ -15,6 +15,14 @@ use admin_cmd::{list_checkpoints, savepoint, status, tune};
 use args::{RunJob, TuneArgs};
 use bench::{bench, bench_backlog, bench_coordinator, BenchArgs};
 
+#[cfg(feature = "kafka")]
+mod bench_kafka;
+#[cfg(feature = "kafka")]
+use bench_kafka::bench_kafka;
+#[cfg(not(feature = "kafka"))]
+fn bench_kafka(_: &str, _: u64, _: u64, _: i32, _: &str, _: u32, _: u32) -> anyhow::Result<()> {
+    anyhow::bail!("this cutline was built without Kafka support: build it with `--features kafka`")
+}
 #[cfg(feature = "postgres")]
 mod bench_pg;
 #[cfg(feature = "postgres")]
@@ -193,6 +201,26 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         reps: u32,
     },
+    /// Records per second of Kafka -> keyed COUNT+SUM -> exactly-once Kafka through the engine with
+    /// checkpoints, against a bare consume-aggregate-produce loop of the same client with
+    /// transactions at the same interval; needs `--features kafka`.
+    BenchKafka {
+        /// Bootstrap brokers (topics bench-kafka-* are created).
+        #[arg(long)]
+        brokers: String,
+        #[arg(long, default_value_t = 500_000)]
+        records: u64,
+        #[arg(long, default_value_t = 10_000)]
+        keys: u64,
+        #[arg(long, default_value_t = 4)]
+        partitions: i32,
+        #[arg(long, default_value = "1s")]
+        checkpoint_interval: String,
+        #[arg(long, default_value_t = 1)]
+        parallelism: u32,
+        #[arg(long, default_value_t = 3)]
+        reps: u32,
+    },
     /// Checkpoints in front of a backlog: one slow task with about 10 s of data queued in front of it,
     /// checkpointed aligned, unaligned, or aligned with a timeout.
     BenchBacklog {
@@ -257,6 +285,9 @@ fn main() {
             state,
             kill_worker_after,
         }),
+        Cmd::BenchKafka { brokers, records, keys, partitions, checkpoint_interval, parallelism, reps } => {
+            bench_kafka(&brokers, records, keys, partitions, &checkpoint_interval, parallelism, reps)
+        }
         Cmd::BenchPostgres { url, rows, keys, batch_rows, checkpoint_interval, reps } => {
             bench_postgres(&url, rows, keys, batch_rows, &checkpoint_interval, reps)
         }

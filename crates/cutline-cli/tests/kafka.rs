@@ -148,3 +148,16 @@ fn a_kafka_url_without_a_topic_or_with_an_unknown_parameter_is_refused_before_an
         assert!(stderr.contains(expect), "{input} {output}: {stderr}");
     }
 }
+
+#[test]
+fn bench_kafka_prints_rates_only_for_outputs_it_read_back_and_checked() {
+    let out = cutline()
+        .args(["bench-kafka", "--brokers", &brokers(), "--records", "3000", "--keys", "7", "--reps", "1"])
+        .args(["--checkpoint-interval", "100ms"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("records=3000") && stdout.contains("verified=both"), "{stdout}");
+    assert!(stdout.contains("median engine_records_per_s="), "{stdout}");
+}

@@ -44,7 +44,12 @@ impl LocalDirStore {
         File::create_new(&probe).map_err(|e| {
             invalid(format!("it is not writable ({e}); fix its permissions or choose another directory"))
         })?;
-        fs::remove_file(&probe).map_err(|e| StorageError::io(&probe, "remove", e))?;
+        match fs::remove_file(&probe) {
+            // A job already running on this directory swept it as a leftover temporary file (its gc
+            // removes those): the directory was writable all the same.
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            r => r.map_err(|e| StorageError::io(&probe, "remove", e))?,
+        }
         Ok(LocalDirStore { root })
     }
 

@@ -1,0 +1,289 @@
+//! `cutline bench-kafka`: records per second of a Kafka -> keyed COUNT+SUM -> Kafka job (the Kafka
+//! source, exactly-once Kafka sink, checkpoints), against a bare loop of the same client doing the
+//! same work (consume, aggregate per key, produce every update in transactions committed at the
+//! same interval, with the consumed offsets in each): the ceiling. Interleaved; both outputs are read
+//! back and checked before a rate is printed.
+
+use anyhow::{bail, Context, Result};
+use cutline::connectors::kafka::{self, KafkaRecord, KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig};
+use cutline::{Job, LocalDirStore, RunConfig};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Longest wait of one broker call of the benchmark (transactions, flushes).
+const CALL_TIMEOUT_MS: u64 = 60_000;
+/// Reading an output back ends when nothing new arrived for this long.
+const QUIET_MS: u64 = 3_000;
+
+/// What one benchmark round works on.
+struct Setup<'a> {
+    brokers: &'a str,
+    input: String,
+    records: u64,
+    keys: u64,
+    partitions: i32,
+    interval_ms: u64,
+    stamp: u128,
+}
+
+fn key_of(i: u64, keys: u64) -> String {
+    format!("k{}", i % keys)
+}
+
+fn produce(p: &BaseProducer, topic: &str, partition: Option<i32>, key: &[u8], value: &[u8]) -> Result<()> {
+    let mut r = BaseRecord::to(topic).key(key).payload(value);
+    if let Some(part) = partition {
+        r = r.partition(part);
+    }
+    let started = Instant::now();
+    loop {
+        match p.send(r) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                if started.elapsed() < Duration::from_millis(CALL_TIMEOUT_MS) =>
+            {
+                r = back;
+                p.poll(Duration::from_millis(1));
+            }
+            Err((e, _)) => bail!("producing into {topic}: {e}"),
+        }
+    }
+}
+
+/// The input: record `i` has key `k{i % keys}` and value `i` (8 bytes, big-endian), partitions
+/// round robin. Not timed.
+fn fill_input(s: &Setup) -> Result<()> {
+    kafka::create_topic(s.brokers, &s.input, s.partitions).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let p: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", s.brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "20")
+        .create()?;
+    for i in 0..s.records {
+        produce(&p, &s.input, Some((i % s.partitions as u64) as i32), key_of(i, s.keys).as_bytes(), &i.to_be_bytes())?;
+    }
+    p.flush(Duration::from_millis(CALL_TIMEOUT_MS))?;
+    Ok(())
+}
+
+fn encode_update(count: u64, sum: u64) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&count.to_be_bytes());
+    v[8..].copy_from_slice(&sum.to_be_bytes());
+    v
+}
+
+fn read_u64(b: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(b.get(..8)?.try_into().ok()?))
+}
+
+/// Read `topic` back (read_committed) and check it holds one update per input record, every key's
+/// updates numbered 1, 2, ... without a gap or a repeat, and the last one's sum right.
+fn check_output(s: &Setup, topic: &str, partitions: i32) -> Result<()> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", s.brokers)
+        .set("group.id", format!("cutline-bench-check-{}", s.stamp))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    c.assign(&tpl)?;
+    let mut last: HashMap<Vec<u8>, (u64, u64)> = HashMap::new();
+    let (mut n, mut quiet_since) = (0u64, Instant::now());
+    while quiet_since.elapsed() < Duration::from_millis(QUIET_MS) {
+        match c.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                quiet_since = Instant::now();
+                n += 1;
+                let key = m.key().unwrap_or_default().to_vec();
+                let v = m.payload().unwrap_or_default();
+                let (count, sum) = (read_u64(v).unwrap_or(0), v.get(8..).and_then(read_u64).unwrap_or(0));
+                let prev = last.insert(key.clone(), (count, sum)).map_or(0, |p| p.0);
+                if count != prev + 1 {
+                    bail!(
+                        "{topic}: key {} has update {count} after {prev}: no rate printed",
+                        String::from_utf8_lossy(&key)
+                    );
+                }
+            }
+            Some(Err(e)) => bail!("reading {topic} back: {e}"),
+            None => {}
+        }
+    }
+    if n != s.records {
+        bail!("{topic} holds {n} updates, expected {}: no rate printed", s.records);
+    }
+    for k in 0..s.keys.min(s.records) {
+        let mine = (k..s.records).step_by(s.keys as usize);
+        let want = (mine.clone().count() as u64, mine.sum::<u64>());
+        if last.get(key_of(k, s.keys).as_bytes()) != Some(&want) {
+            bail!(
+                "{topic}: key k{k} ends at {:?}, expected {want:?}: no rate printed",
+                last.get(key_of(k, s.keys).as_bytes())
+            );
+        }
+    }
+    Ok(())
+}
+
+fn bare(s: &Setup, rep: u32) -> Result<f64> {
+    let output = format!("bench-kafka-bare-{}-{rep}", s.stamp);
+    kafka::create_topic(s.brokers, &output, s.partitions).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let group = format!("cutline-bench-bare-{}-{rep}", s.stamp);
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", s.brokers)
+        .set("group.id", &group)
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..s.partitions {
+        tpl.add_partition_offset(&s.input, p, Offset::Beginning)?;
+    }
+    c.assign(&tpl)?;
+    let p: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", s.brokers)
+        .set("transactional.id", &group)
+        .set("linger.ms", "5")
+        .create()?;
+    let timeout = Duration::from_millis(CALL_TIMEOUT_MS);
+    p.init_transactions(timeout)?;
+    let start = Instant::now();
+    p.begin_transaction()?;
+    let mut state: HashMap<Vec<u8>, (u64, u64)> = HashMap::new();
+    let mut next: HashMap<i32, i64> = HashMap::new();
+    let (mut seen, mut committed_at) = (0u64, Instant::now());
+    let commit = |next: &HashMap<i32, i64>| -> Result<()> {
+        let mut offsets = TopicPartitionList::new();
+        for (part, o) in next {
+            offsets.add_partition_offset(&s.input, *part, Offset::Offset(*o))?;
+        }
+        let meta = c.group_metadata().context("the bare consumer has no group")?;
+        p.send_offsets_to_transaction(&offsets, &meta, timeout)?;
+        p.commit_transaction(timeout)?;
+        Ok(())
+    };
+    while seen < s.records {
+        if let Some(m) = c.poll(Duration::from_millis(10)) {
+            let m = m?;
+            let key = m.key().unwrap_or_default();
+            let v = read_u64(m.payload().unwrap_or_default()).unwrap_or(0);
+            let st = match state.get_mut(key) {
+                Some(st) => st,
+                None => state.entry(key.to_vec()).or_default(),
+            };
+            st.0 += 1;
+            st.1 += v;
+            produce(&p, &output, None, key, &encode_update(st.0, st.1))?;
+            next.insert(m.partition(), m.offset() + 1);
+            seen += 1;
+        }
+        p.poll(Duration::ZERO);
+        if committed_at.elapsed() >= Duration::from_millis(s.interval_ms) {
+            commit(&next)?;
+            p.begin_transaction()?;
+            committed_at = Instant::now();
+        }
+    }
+    commit(&next)?;
+    let secs = start.elapsed().as_secs_f64();
+    check_output(s, &output, s.partitions)?;
+    Ok(s.records as f64 / secs)
+}
+
+fn engine(s: &Setup, rep: u32, parallelism: u32) -> Result<f64> {
+    let output = format!("bench-kafka-engine-{}-{rep}", s.stamp);
+    kafka::create_topic(s.brokers, &output, s.partitions).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let job = Job::new("bench-kafka");
+    job.set_parallelism(parallelism);
+    let source_cfg = KafkaSourceConfig::new(s.brokers, &[&s.input]).bounded();
+    let sink_cfg = KafkaSinkConfig::exactly_once(s.brokers, &output);
+    job.source_from("in", move |_| KafkaSource::new(source_cfg.clone()))
+        .map(|r: KafkaRecord| (r.key.unwrap_or_default(), read_u64(&r.value.unwrap_or_default()).unwrap_or(0)))
+        .key_by(|(k, _): &(Vec<u8>, u64)| k.clone())
+        .process("agg", |k: &Vec<u8>, st: &mut Option<(u64, u64)>, (_, v): (Vec<u8>, u64), out| {
+            let st = st.get_or_insert((0, 0));
+            st.0 += 1;
+            st.1 += v;
+            out.emit((k.clone(), st.0, st.1));
+        })
+        .sink_from("out", move |_| {
+            KafkaSink::new(
+                sink_cfg.clone(),
+                |(k, n, sum): &(Vec<u8>, u64, u64), key: &mut Vec<u8>, value: &mut Vec<u8>| {
+                    key.extend_from_slice(k);
+                    value.extend_from_slice(&encode_update(*n, *sum));
+                },
+            )
+        });
+    let graph = job.build()?;
+    let dir = std::env::temp_dir().join(format!("cutline-bench-kafka-{}-{}-{rep}", std::process::id(), s.stamp));
+    std::fs::create_dir_all(&dir)?;
+    let mut cfg = RunConfig::new(Arc::new(LocalDirStore::open(&dir)?), format!("bench-kafka {} {rep}", s.stamp));
+    cfg.checkpoint.interval_ms = Some(s.interval_ms);
+    let start = Instant::now();
+    let report = cutline::run(&graph, cfg);
+    let secs = start.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(&dir);
+    let report = report.map_err(|e| anyhow::anyhow!("{e}"))?;
+    if report.restarts > 0 {
+        bail!("the benchmark job restarted {} times: no rate printed", report.restarts);
+    }
+    check_output(s, &output, s.partitions)?;
+    Ok(s.records as f64 / secs)
+}
+
+/// Run `reps` interleaved pairs (engine, bare loop) and print every run and the medians.
+pub(crate) fn bench_kafka(
+    brokers: &str,
+    records: u64,
+    keys: u64,
+    partitions: i32,
+    interval: &str,
+    parallelism: u32,
+    reps: u32,
+) -> Result<()> {
+    if keys == 0 || records == 0 || partitions <= 0 || reps == 0 || parallelism == 0 {
+        bail!("--records, --keys, --partitions, --parallelism and --reps must be above 0");
+    }
+    let interval_ms = crate::args::parse_interval(interval)?.context("--checkpoint-interval must not be off")?;
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
+    let s = Setup { brokers, input: format!("bench-kafka-in-{stamp}"), records, keys, partitions, interval_ms, stamp };
+    fill_input(&s)?;
+    let (mut e, mut b) = (Vec::new(), Vec::new());
+    for rep in 0..reps {
+        let (x, y) = if rep % 2 == 0 {
+            let x = engine(&s, rep, parallelism)?;
+            (x, bare(&s, rep)?)
+        } else {
+            let y = bare(&s, rep)?;
+            (engine(&s, rep, parallelism)?, y)
+        };
+        println!(
+            "rep={rep} records={records} keys={keys} partitions={partitions} interval={interval} parallelism={parallelism} engine_records_per_s={x:.0} bare_records_per_s={y:.0} ratio={:.3} verified=both",
+            x / y
+        );
+        e.push(x);
+        b.push(y);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (me, mb) = (median(&mut e), median(&mut b));
+    println!(
+        "median engine_records_per_s={me:.0} bare_records_per_s={mb:.0} ratio={:.3} (over {reps} interleaved pairs)",
+        me / mb
+    );
+    Ok(())
+}
