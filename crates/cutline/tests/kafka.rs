@@ -316,6 +316,11 @@ fn input(name: &str) -> String {
 /// Reads `input` (bounded) at parallelism 2, counts per key, and writes `key -> count` for every
 /// record into `output` (3 partitions) with a sink of `mode`.
 fn run_count_job(name: &str, input: &str, output: &str, exactly_once: bool, faults: Faults) -> u32 {
+    // The job's warnings (each failure that made it restart) go to the test's captured output.
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .try_init();
     let dir = tempfile::tempdir().unwrap();
     let job = Job::new(name);
     job.set_parallelism(2);

@@ -21,11 +21,21 @@ use std::time::Duration;
 /// Scenarios share one server; the one that restarts it runs alone.
 static SERVER: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
+/// The job's warnings (each failure that made it restart) go to the test's captured output.
+fn show_warnings() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .try_init();
+}
+
 fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    show_warnings();
     SERVER.read().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
+    show_warnings();
     SERVER.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
