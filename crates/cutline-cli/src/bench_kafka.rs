@@ -3,6 +3,9 @@
 //! same work (consume, aggregate per key, produce every update in transactions committed at the
 //! same interval, with the consumed offsets in each): the ceiling. Interleaved; both outputs are read
 //! back and checked before a rate is printed.
+//!
+//! `cutline bench-kafka-latency`: end-to-end latency of such a job (keyed count) at given checkpoint
+//! intervals, from each record's producer timestamp to a `read_committed` reader seeing its update.
 
 use anyhow::{bail, Context, Result};
 use cutline::connectors::kafka::{self, KafkaRecord, KafkaSink, KafkaSinkConfig, KafkaSource, KafkaSourceConfig};
@@ -241,6 +244,148 @@ fn engine(s: &Setup, rep: u32, parallelism: u32) -> Result<f64> {
     }
     check_output(s, &output, s.partitions)?;
     Ok(s.records as f64 / secs)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// End-to-end latency at one checkpoint interval: records produced at `rate` per second for
+/// `seconds` (after the job is up) into an unbounded Kafka -> keyed count -> exactly-once Kafka job;
+/// each output record carries its input's timestamp, and a `read_committed` reader takes the time
+/// from that timestamp to the moment it reads the record. The first second is warm-up. Returns the
+/// latencies in milliseconds, sorted; every record must arrive exactly once.
+fn latencies(s: &Setup, interval_ms: u64, rate: u64, seconds: u64) -> Result<Vec<i64>> {
+    let name = format!("{}-{interval_ms}ms", s.stamp);
+    let (input, output) = (format!("bench-kafka-lat-in-{name}"), format!("bench-kafka-lat-out-{name}"));
+    for t in [&input, &output] {
+        kafka::create_topic(s.brokers, t, s.partitions).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    let job = Job::new("bench-kafka-latency");
+    let source_cfg = KafkaSourceConfig::new(s.brokers, &[&input]);
+    let sink_cfg = KafkaSinkConfig::exactly_once(s.brokers, &output);
+    job.source_from("in", move |_| KafkaSource::new(source_cfg.clone()))
+        .map(|r: KafkaRecord| (r.key.unwrap_or_default(), r.timestamp_ms.unwrap_or(0)))
+        .key_by(|(k, _): &(Vec<u8>, i64)| k.clone())
+        .process("count", |k: &Vec<u8>, n: &mut Option<u64>, (_, ts): (Vec<u8>, i64), out| {
+            *n.get_or_insert(0) += 1;
+            out.emit((k.clone(), ts));
+        })
+        .sink_from("out", move |_| {
+            KafkaSink::new(sink_cfg.clone(), |(k, ts): &(Vec<u8>, i64), key: &mut Vec<u8>, value: &mut Vec<u8>| {
+                key.extend_from_slice(k);
+                value.extend_from_slice(&ts.to_be_bytes());
+            })
+        });
+    let dir = std::env::temp_dir().join(format!("cutline-bench-kafka-lat-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut cfg = RunConfig::new(Arc::new(LocalDirStore::open(&dir)?), format!("bench-kafka-latency {name}"));
+    cfg.checkpoint.interval_ms = Some(interval_ms);
+    let handle = cutline::spawn(job.build()?, cfg);
+    let total = rate * seconds;
+    let (brokers, out_topic, partitions, group) =
+        (s.brokers.to_string(), output.clone(), s.partitions, format!("cutline-bench-lat-{name}"));
+    let reader = std::thread::spawn(move || -> Result<Vec<(i64, i64)>> {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            // Measure the job, not the reader's fetch wait (500 ms by default).
+            .set("fetch.wait.max.ms", "5")
+            .create()?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(&out_topic, p, Offset::Beginning)?;
+        }
+        c.assign(&tpl)?;
+        let mut got = Vec::with_capacity(total as usize);
+        let deadline = Instant::now() + Duration::from_secs(seconds + 60);
+        while (got.len() as u64) < total && Instant::now() < deadline {
+            if let Some(m) = c.poll(Duration::from_millis(5)) {
+                let m = m?;
+                let ts = read_u64(m.payload().unwrap_or_default()).unwrap_or(0) as i64;
+                got.push((ts, now_ms() - ts));
+            }
+        }
+        // A few more polls: a record seen twice shows up here.
+        let quiet = Instant::now();
+        while quiet.elapsed() < Duration::from_millis(QUIET_MS) {
+            if let Some(m) = c.poll(Duration::from_millis(50)) {
+                let m = m?;
+                got.push((read_u64(m.payload().unwrap_or_default()).unwrap_or(0) as i64, 0));
+            }
+        }
+        Ok(got)
+    });
+    // Let the job start (open the source and sink, first checkpoints) before the clock counts.
+    std::thread::sleep(Duration::from_secs(3));
+    let p: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", s.brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "1")
+        .create()?;
+    let start = Instant::now();
+    let warmup_ends = now_ms() + 1_000;
+    for i in 0..total {
+        let due = Duration::from_micros(i * 1_000_000 / rate);
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let key = key_of(i, s.keys);
+        let r = BaseRecord::to(&input).key(key.as_bytes()).payload(&[][..]).timestamp(now_ms());
+        if let Err((e, _)) = p.send(r) {
+            bail!("producing the latency input: {e}");
+        }
+        p.poll(Duration::ZERO);
+    }
+    p.flush(Duration::from_millis(CALL_TIMEOUT_MS))?;
+    let got = reader.join().map_err(|_| anyhow::anyhow!("the latency reader panicked"))??;
+    handle.control().stop();
+    let report = handle.join().map_err(|e| anyhow::anyhow!("{e}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let report = report?;
+    if report.restarts > 0 {
+        bail!("the latency job restarted {} times: no latency printed", report.restarts);
+    }
+    if got.len() as u64 != total {
+        bail!("{} of {total} records reached the output (exactly once expected): no latency printed", got.len());
+    }
+    let mut lat: Vec<i64> = got.into_iter().filter(|(ts, _)| *ts >= warmup_ends).map(|(_, l)| l).collect();
+    lat.sort_unstable();
+    if lat.is_empty() {
+        bail!("no record after the warm-up: run longer");
+    }
+    Ok(lat)
+}
+
+/// Print p50, p99 and the maximum of the end-to-end latency at each of `intervals`.
+pub(crate) fn bench_kafka_latency(
+    brokers: &str,
+    intervals: &str,
+    rate: u64,
+    seconds: u64,
+    keys: u64,
+    partitions: i32,
+) -> Result<()> {
+    if rate == 0 || seconds < 2 || keys == 0 || partitions <= 0 {
+        bail!("--rate, --keys and --partitions must be above 0 and --seconds at least 2 (the first is warm-up)");
+    }
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
+    let s = Setup { brokers, input: String::new(), records: 0, keys, partitions, interval_ms: 0, stamp };
+    for interval in intervals.split(',') {
+        let interval_ms = crate::args::parse_interval(interval)?.context("an interval must not be off")?;
+        let lat = latencies(&s, interval_ms, rate, seconds)?;
+        let q = |f: f64| lat[((lat.len() - 1) as f64 * f) as usize];
+        println!(
+            "interval={interval} rate={rate}/s seconds={seconds} measured={} p50_ms={} p99_ms={} max_ms={} verified=exactly-once",
+            lat.len(),
+            q(0.5),
+            q(0.99),
+            lat[lat.len() - 1]
+        );
+    }
+    Ok(())
 }
 
 /// Run `reps` interleaved pairs (engine, bare loop) and print every run and the medians.

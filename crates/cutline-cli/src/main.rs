@@ -18,10 +18,14 @@ use bench::{bench, bench_backlog, bench_coordinator, BenchArgs};
 #[cfg(feature = "kafka")]
 mod bench_kafka;
 #[cfg(feature = "kafka")]
-use bench_kafka::bench_kafka;
+use bench_kafka::{bench_kafka, bench_kafka_latency};
 #[cfg(not(feature = "kafka"))]
 fn bench_kafka(_: &str, _: u64, _: u64, _: i32, _: &str, _: u32, _: u32) -> anyhow::Result<()> {
     anyhow::bail!("this cutline was built without Kafka support: build it with `--features kafka`")
+}
+#[cfg(not(feature = "kafka"))]
+fn bench_kafka_latency(_: &str, _: &str, _: u64, _: u64, _: u64, _: i32) -> anyhow::Result<()> {
+    bench_kafka("", 0, 0, 0, "", 0, 0)
 }
 #[cfg(feature = "postgres")]
 mod bench_pg;
@@ -221,6 +225,27 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         reps: u32,
     },
+    /// End-to-end latency (p50, p99, max) of Kafka -> keyed count -> exactly-once Kafka: from a
+    /// record's timestamp at the producer to a `read_committed` reader seeing its update, at each
+    /// checkpoint interval; needs `--features kafka`.
+    BenchKafkaLatency {
+        /// Bootstrap brokers (topics bench-kafka-lat-* are created).
+        #[arg(long)]
+        brokers: String,
+        /// Checkpoint intervals to measure, comma-separated.
+        #[arg(long, default_value = "100ms,1s")]
+        intervals: String,
+        /// Records produced per second.
+        #[arg(long, default_value_t = 10_000)]
+        rate: u64,
+        /// Seconds of producing per interval (the first is warm-up).
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        #[arg(long, default_value_t = 1_000)]
+        keys: u64,
+        #[arg(long, default_value_t = 4)]
+        partitions: i32,
+    },
     /// Checkpoints in front of a backlog: one slow task with about 10 s of data queued in front of it,
     /// checkpointed aligned, unaligned, or aligned with a timeout.
     BenchBacklog {
@@ -287,6 +312,9 @@ fn main() {
         }),
         Cmd::BenchKafka { brokers, records, keys, partitions, checkpoint_interval, parallelism, reps } => {
             bench_kafka(&brokers, records, keys, partitions, &checkpoint_interval, parallelism, reps)
+        }
+        Cmd::BenchKafkaLatency { brokers, intervals, rate, seconds, keys, partitions } => {
+            bench_kafka_latency(&brokers, &intervals, rate, seconds, keys, partitions)
         }
         Cmd::BenchPostgres { url, rows, keys, batch_rows, checkpoint_interval, reps } => {
             bench_postgres(&url, rows, keys, batch_rows, &checkpoint_interval, reps)

@@ -161,3 +161,16 @@ fn bench_kafka_prints_rates_only_for_outputs_it_read_back_and_checked() {
     assert!(stdout.contains("records=3000") && stdout.contains("verified=both"), "{stdout}");
     assert!(stdout.contains("median engine_records_per_s="), "{stdout}");
 }
+
+#[test]
+fn bench_kafka_latency_prints_quantiles_only_when_every_record_arrived_once() {
+    let out = cutline()
+        .args(["bench-kafka-latency", "--brokers", &brokers(), "--intervals", "100ms", "--rate", "500"])
+        .args(["--seconds", "2", "--keys", "7"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("interval=100ms") && stdout.contains("verified=exactly-once"), "{stdout}");
+    assert!(stdout.contains("p99_ms="), "{stdout}");
+}
