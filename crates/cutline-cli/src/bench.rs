@@ -169,6 +169,47 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// Run `reps` pairs of measurements of the engine and of a bare loop, alternating which goes first,
+/// print each pair (after `label`, rates in `unit`s per second) and the medians. Each closure gets the
+/// repetition and returns a rate only after checking the work was done.
+pub(crate) fn interleaved_pairs(
+    reps: u32,
+    unit: &str,
+    label: &str,
+    mut engine: impl FnMut(u32) -> Result<f64>,
+    mut bare: impl FnMut(u32) -> Result<f64>,
+) -> Result<()> {
+    if reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    let (mut e, mut b) = (Vec::new(), Vec::new());
+    for rep in 0..reps {
+        let (x, y) = if rep % 2 == 0 {
+            let x = engine(rep)?;
+            (x, bare(rep)?)
+        } else {
+            let y = bare(rep)?;
+            (engine(rep)?, y)
+        };
+        println!(
+            "rep={rep} {label} engine_{unit}_per_s={x:.0} bare_{unit}_per_s={y:.0} ratio={:.3} verified=both",
+            x / y
+        );
+        e.push(x);
+        b.push(y);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (me, mb) = (median(&mut e), median(&mut b));
+    println!(
+        "median engine_{unit}_per_s={me:.0} bare_{unit}_per_s={mb:.0} ratio={:.3} (over {reps} interleaved pairs)",
+        me / mb
+    );
+    Ok(())
+}
+
 /// The median (the upper one of an even count; 0 for none).
 fn median(v: &[u64]) -> u64 {
     let mut v = v.to_vec();

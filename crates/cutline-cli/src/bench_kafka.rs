@@ -405,30 +405,7 @@ pub(crate) fn bench_kafka(
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
     let s = Setup { brokers, input: format!("bench-kafka-in-{stamp}"), records, keys, partitions, interval_ms, stamp };
     fill_input(&s)?;
-    let (mut e, mut b) = (Vec::new(), Vec::new());
-    for rep in 0..reps {
-        let (x, y) = if rep % 2 == 0 {
-            let x = engine(&s, rep, parallelism)?;
-            (x, bare(&s, rep)?)
-        } else {
-            let y = bare(&s, rep)?;
-            (engine(&s, rep, parallelism)?, y)
-        };
-        println!(
-            "rep={rep} records={records} keys={keys} partitions={partitions} interval={interval} parallelism={parallelism} engine_records_per_s={x:.0} bare_records_per_s={y:.0} ratio={:.3} verified=both",
-            x / y
-        );
-        e.push(x);
-        b.push(y);
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (me, mb) = (median(&mut e), median(&mut b));
-    println!(
-        "median engine_records_per_s={me:.0} bare_records_per_s={mb:.0} ratio={:.3} (over {reps} interleaved pairs)",
-        me / mb
-    );
-    Ok(())
+    let label =
+        format!("records={records} keys={keys} partitions={partitions} interval={interval} parallelism={parallelism}");
+    crate::bench::interleaved_pairs(reps, "records", &label, |rep| engine(&s, rep, parallelism), |rep| bare(&s, rep))
 }

@@ -120,27 +120,12 @@ pub(crate) fn bench_postgres(
     if keys == 0 || batch_rows == 0 || batch_rows > keys {
         bail!("--keys must be at least --batch-rows (a batch of the bare loop must not hold a key twice), both > 0");
     }
-    let (mut e, mut b) = (Vec::new(), Vec::new());
-    for rep in 0..reps {
-        let (x, y) = if rep % 2 == 0 {
-            let x = engine(url, rows, keys, batch_rows, interval, rep)?;
-            (x, bare(url, rows, keys, batch_rows)?)
-        } else {
-            let y = bare(url, rows, keys, batch_rows)?;
-            (engine(url, rows, keys, batch_rows, interval, rep)?, y)
-        };
-        println!("rep={rep} rows={rows} keys={keys} batch_rows={batch_rows} interval={interval} engine_rows_per_s={x:.0} bare_rows_per_s={y:.0} ratio={:.3} verified=both", x / y);
-        e.push(x);
-        b.push(y);
-    }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (me, mb) = (median(&mut e), median(&mut b));
-    println!(
-        "median engine_rows_per_s={me:.0} bare_rows_per_s={mb:.0} ratio={:.3} (over {reps} interleaved pairs)",
-        me / mb
-    );
-    Ok(())
+    let label = format!("rows={rows} keys={keys} batch_rows={batch_rows} interval={interval}");
+    crate::bench::interleaved_pairs(
+        reps,
+        "rows",
+        &label,
+        |rep| engine(url, rows, keys, batch_rows, interval, rep),
+        |_| bare(url, rows, keys, batch_rows),
+    )
 }
