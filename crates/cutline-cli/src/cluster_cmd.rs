@@ -12,6 +12,7 @@ pub(crate) fn worker(
     advertise: Option<String>,
     rejoin_timeout: &str,
     frame_protection: cutline::cluster::FrameProtection,
+    faults: cutline::Faults,
 ) -> Result<()> {
     let mut cfg = WorkerConfig::new(join, read_secret(secret_file)?);
     cfg.listen = listen;
@@ -19,6 +20,7 @@ pub(crate) fn worker(
     cfg.rejoin_timeout_ms = ms_flag("rejoin-timeout", rejoin_timeout)?;
     cfg.frame_protection = frame_protection;
     cfg.secret_origin = secret_file.map(|p| p.display().to_string());
+    cfg.faults = faults;
     Ok(cutline::cluster::run_worker(cfg, &build_job, &open_store)?)
 }
 

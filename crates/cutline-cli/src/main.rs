@@ -133,6 +133,10 @@ enum Cmd {
         /// coordinator and the other workers must agree.
         #[arg(long, default_value = "auto", value_name = "auto|on|off")]
         frame_protection: cutline::cluster::FrameProtection,
+        /// Drills: SIGKILL this worker the Nth time one of its tasks reaches POINT (see `cutline run
+        /// wordcount --kill-self-at`); a worker started again without it runs normally.
+        #[arg(long, value_name = "POINT:N", hide = true)]
+        kill_self_at: Option<String>,
     },
     /// Start a coordinator and N workers on this machine (a local cluster) for a job, and restart any
     /// of them that dies until the job is over.
@@ -282,8 +286,14 @@ fn main() {
         Cmd::Savepoint { state, to, stop } => savepoint(&state, to.as_deref(), stop),
         Cmd::Status { state } => status(&state),
         Cmd::Drill { seed, runs, sim_seeds } => drill(seed, runs, sim_seeds),
-        Cmd::Worker { join, secret_file, listen, advertise, rejoin_timeout, frame_protection } => {
-            worker(join, secret_file.as_deref(), listen, advertise, &rejoin_timeout, frame_protection)
+        Cmd::Worker { join, secret_file, listen, advertise, rejoin_timeout, frame_protection, kill_self_at } => {
+            match kill_self_at.as_deref().map(run::kill_self_at).transpose() {
+                Ok(faults) => {
+                    let faults = faults.unwrap_or_default();
+                    worker(join, secret_file.as_deref(), listen, advertise, &rejoin_timeout, frame_protection, faults)
+                }
+                Err(e) => Err(e),
+            }
         }
         Cmd::Cluster { workers, job } => launch_cluster(workers, &job, cli.verbose),
         Cmd::BenchCoordinator { tasks, workers, checkpoints } => bench_coordinator(tasks, &workers, checkpoints),

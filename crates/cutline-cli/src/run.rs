@@ -13,7 +13,7 @@ use std::sync::Arc;
 /// `--kill-self-at POINT:N`: a policy that sends this process SIGKILL the `N`th time a task reaches
 /// fault point `POINT` (a drill aimed at one step of a protocol, e.g. `sink-commit`: after the
 /// checkpoint completed, before the sink committed).
-fn kill_self_at(spec: &str) -> Result<cutline::Faults> {
+pub(crate) fn kill_self_at(spec: &str) -> Result<cutline::Faults> {
     use cutline::FaultPoint as P;
     let (point, n) = spec.split_once(':').unwrap_or((spec, "1"));
     let point = match point {

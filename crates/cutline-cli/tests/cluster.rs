@@ -21,14 +21,13 @@
 
 mod common;
 
-use common::{check_output, cutline, free_port, named, periodic_checkpoints, restored_checkpoints, signal};
+use common::cluster::{Cluster, SECRET};
+use common::{check_output, cutline, named, periodic_checkpoints, restored_checkpoints, signal};
 use common::{summary, word_lines, LogEvent, Scratch, XorShift};
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
-const SECRET: &str = "cluster-test-secret-0123456789abcdef";
 /// Hard bound on one scenario.
 const SCENARIO_TIME_LIMIT: Duration = Duration::from_secs(150);
 
@@ -65,88 +64,15 @@ impl Scenario {
     }
 }
 
-struct Cluster<'a> {
-    s: &'a Scratch,
-    addr: String,
-    coordinator_args: Vec<String>,
-    coordinator: Child,
-    workers: Vec<Child>,
-}
-
-impl<'a> Cluster<'a> {
-    fn start(s: &'a Scratch, workers: usize, extra: &[&str]) -> Cluster<'a> {
-        let addr = free_port();
-        let mut coordinator_args: Vec<String> = [
-            "run",
-            "wordcount",
-            "--input",
-            &s.arg("input.txt"),
-            "--output",
-            &s.arg("out"),
-            "--state",
-            &s.arg("state"),
-            "--coordinator",
-            &addr,
-            "--workers",
-            &workers.to_string(),
-            "--secret-file",
-            &s.arg("secret"),
-            "--heartbeat-interval",
-            "50ms",
-            "--heartbeat-timeout",
-            "1s",
-            "-v",
-        ]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
-        coordinator_args.extend(extra.iter().map(|a| a.to_string()));
-        let coordinator = cutline()
-            .args(&coordinator_args)
-            .stdout(s.log("coordinator"))
-            .stderr(s.log("coordinator"))
-            .spawn()
-            .unwrap();
-        let mut c = Cluster { s, addr, coordinator_args, coordinator, workers: Vec::new() };
-        for i in 0..workers {
-            let w = c.start_worker(i);
-            c.workers.push(w);
-        }
-        c
-    }
-    fn start_worker(&self, i: usize) -> Child {
-        cutline()
-            .args(["worker", "--join", &self.addr, "--secret-file", &self.s.arg("secret"), "-v"])
-            .args(["--rejoin-timeout", "30s"])
-            .stdout(self.s.log(&format!("worker-{i}")))
-            .stderr(self.s.log(&format!("worker-{i}")))
-            .spawn()
-            .unwrap()
-    }
-    fn restart_coordinator(&mut self) {
-        self.coordinator = cutline()
-            .args(&self.coordinator_args)
-            .stdout(self.s.log("coordinator"))
-            .stderr(self.s.log("coordinator"))
-            .spawn()
-            .unwrap();
-    }
-    /// Wait for the coordinator to exit by itself; the job's verdict.
-    fn wait(&mut self, limit: Duration) -> ExitStatus {
-        let (c, dir) = (&mut self.coordinator, &self.s.dir);
-        common::wait_until(&format!("the job to finish; logs in {}", dir.display()), limit, || c.try_wait().unwrap())
-    }
-}
-
-impl Drop for Cluster<'_> {
-    fn drop(&mut self) {
-        let _ = self.coordinator.kill();
-        let _ = self.coordinator.wait();
-        for w in &mut self.workers {
-            let _ = w.kill();
-            let _ = w.wait();
-        }
-    }
+/// The word count of the scenario's `input.txt` into `out` on `workers` workers; `extra` goes to the
+/// coordinator's command line.
+fn wordcount_cluster<'a>(s: &'a Scratch, workers: usize, extra: &[&str]) -> Cluster<'a> {
+    let mut job: Vec<String> =
+        ["run", "wordcount", "--input", &s.arg("input.txt"), "--output", &s.arg("out"), "--state", &s.arg("state")]
+            .map(String::from)
+            .to_vec();
+    job.extend(extra.iter().map(|a| a.to_string()));
+    Cluster::start(s, workers, &job)
 }
 
 #[test]
@@ -209,28 +135,8 @@ fn chaos(name: &str, extra: &[&str]) {
             "3s",
         ];
         args.extend_from_slice(extra);
-        let mut c = Cluster::start(s, 3, &args);
-        let rounds = 12;
-        let mut killed = Vec::new();
-        for round in 0..rounds {
-            std::thread::sleep(Duration::from_millis(rng.range(150, 700)));
-            if c.coordinator.try_wait().unwrap().is_some() {
-                break; // finished early
-            }
-            let victim = rng.range(0, 3);
-            if victim == 3 {
-                signal(&c.coordinator, "-KILL");
-                c.coordinator.wait().unwrap();
-                killed.push(format!("round {round}: coordinator"));
-                c.restart_coordinator();
-            } else {
-                let i = victim as usize;
-                signal(&c.workers[i], "-KILL");
-                c.workers[i].wait().unwrap();
-                killed.push(format!("round {round}: worker {i}"));
-                c.workers[i] = c.start_worker(i);
-            }
-        }
+        let mut c = wordcount_cluster(s, 3, &args);
+        let killed = c.chaos(&mut rng, 12, (150, 700), &[]);
         let st = c.wait(SCENARIO_TIME_LIMIT.saturating_sub(started.elapsed()));
         assert!(
             st.success(),
@@ -267,7 +173,7 @@ fn a_hung_worker_is_detected_and_the_job_restarts_on_the_live_workers() {
     let sc = Scenario::new("hung", seed(), 30_000, 300);
     let s = &sc.s;
     {
-        let mut c = Cluster::start(
+        let mut c = wordcount_cluster(
             s,
             2,
             &[
@@ -315,7 +221,7 @@ fn peers_without_the_secret_and_garbage_bytes_are_refused_without_disturbing_the
     let sc = Scenario::new("auth", seed(), 20_000, 200);
     let s = &sc.s;
     {
-        let mut c = Cluster::start(s, 1, &["--parallelism", "2", "--line-delay-us", "200"]);
+        let mut c = wordcount_cluster(s, 1, &["--parallelism", "2", "--line-delay-us", "200"]);
         // A worker with the wrong secret.
         s.write("wrong", "not-the-cluster-secret-at-all-000");
         let mut intruder = cutline()
@@ -400,7 +306,7 @@ fn checkpoints_on_s3_survive_a_killed_worker_and_a_killed_coordinator() {
     let s = &sc.s;
     let url = format!("s3://{bucket}/cluster-{}-{}", std::process::id(), seed());
     {
-        let mut c = Cluster::start(
+        let mut c = wordcount_cluster(
             s,
             2,
             &[
@@ -417,7 +323,7 @@ fn checkpoints_on_s3_survive_a_killed_worker_and_a_killed_coordinator() {
         sc.wait_for_checkpoints(3, Duration::from_secs(30));
         signal(&c.workers[0], "-KILL");
         c.workers[0].wait().unwrap();
-        c.workers[0] = c.start_worker(0);
+        c.workers[0] = c.start_worker(0, &[]);
         std::thread::sleep(Duration::from_millis(700));
         signal(&c.coordinator, "-KILL");
         c.coordinator.wait().unwrap();
@@ -442,7 +348,7 @@ fn a_cluster_stopped_with_a_savepoint_resumes_in_one_process() {
     let s = &sc.s;
     {
         let mut c =
-            Cluster::start(s, 2, &["--parallelism", "2", "--checkpoint-interval", "50ms", "--line-delay-us", "200"]);
+            wordcount_cluster(s, 2, &["--parallelism", "2", "--checkpoint-interval", "50ms", "--line-delay-us", "200"]);
         sc.wait_for_checkpoints(3, Duration::from_secs(30));
         let out = cutline().args(["savepoint", "--stop", "--state"]).arg(s.path("state")).output().unwrap();
         assert!(out.status.success(), "savepoint --stop failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -496,7 +402,7 @@ fn a_worker_without_tasks_sleeps_instead_of_spinning_regression_idle_spin() {
     let sc = Scenario::new("idle", seed(), 20_000, 100);
     let s = &sc.s;
     {
-        let mut c = Cluster::start(s, 2, &["--parallelism", "1", "--line-delay-us", "150"]);
+        let mut c = wordcount_cluster(s, 2, &["--parallelism", "1", "--line-delay-us", "150"]);
         sc.wait_for_checkpoints(2, Duration::from_secs(30));
         let before: Vec<u64> = c.workers.iter().map(|w| cpu_ticks(w.id())).collect();
         std::thread::sleep(Duration::from_millis(1000));

@@ -8,17 +8,15 @@
 
 mod common;
 
-use common::{cutline, expected_counts, restored_checkpoints, wait_bounded, word_lines, Scratch, XorShift};
+use common::cluster::Cluster;
+use common::drill::{kill_and_resume, Drill, DrillReport, SINK_STEPS};
+use common::{cutline, expected_counts, restored_checkpoints, word_lines, Scratch, XorShift};
 use cutline::testing::kafka_committed::read_committed;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use std::collections::BTreeMap;
-use std::os::unix::process::ExitStatusExt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-const KILL_ROUNDS: u32 = 8;
-const KILL_DELAY_MS: (u64, u64) = (300, 1200);
-const TIME_LIMIT: Duration = Duration::from_secs(240);
 const OUTPUT_PARTITIONS: i32 = 3;
 
 fn brokers() -> String {
@@ -56,77 +54,125 @@ fn wordcount_from_kafka_into_kafka_killed_at_random_moments_then_resumed_commits
     let input_url = format!("kafka://{}/{input}?bounded=true", brokers());
     // Tansu 0.6.0 can lose the offsets of a transaction sharing a partition with another producer's.
     let output_url = format!("kafka://{}/{output}?partitioning=fixed", brokers());
-    let state = scratch.path("state");
-    let args = || -> Vec<String> {
-        [
-            "run",
-            "wordcount",
-            "--input",
-            &input_url,
-            "--output",
-            &output_url,
-            "--state",
-            &state.display().to_string(),
-            "--parallelism",
-            "2",
-            "--checkpoint-interval",
-            "20ms",
-            "--line-delay-us",
-            "40",
-            "-v",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-    };
-    let mut rng = XorShift::new(5);
-    let start = Instant::now();
-    let mut killed = 0;
-    // Even rounds are killed from outside at a random moment; odd ones kill themselves at a step of
-    // the sink's protocol: in the commit window (a checkpoint complete, its transaction not yet
-    // committed), between two commits, before preparing, while recovering.
-    let aimed = ["sink-commit", "sink-commit-midway", "sink-commit", "sink-prepare", "sink-recover"];
-    for round in 0..KILL_ROUNDS {
-        assert!(start.elapsed() < TIME_LIMIT, "time limit exceeded in round {round}");
-        let mut a = args();
-        if round % 2 == 1 {
-            a.extend(["--kill-self-at".into(), format!("{}:{}", rng.pick(&aimed), rng.range(2, 12))]);
-        }
-        let mut child = cutline().args(&a).stdout(scratch.log("runs")).stderr(scratch.log("runs")).spawn().unwrap();
-        if round % 2 == 0 {
-            std::thread::sleep(Duration::from_millis(rng.range(KILL_DELAY_MS.0, KILL_DELAY_MS.1)));
-            let _ = child.kill();
-        }
-        let status = wait_bounded(&mut child, &scratch, &format!("round {round}"));
-        match status.signal() {
-            Some(9) => killed += 1,
-            _ => {
-                assert!(status.success(), "round {round}: the run failed: {}", scratch.log_text("runs"));
-                break; // it finished before the kill
-            }
-        }
-    }
-    let mut last = cutline().args(args()).stdout(scratch.log("runs")).stderr(scratch.log("runs")).spawn().unwrap();
-    let status = wait_bounded(&mut last, &scratch, "the last run");
-    assert!(status.success(), "the last run failed: {}", scratch.log_text("runs"));
-    assert!(killed >= 3, "only {killed} runs were killed: the drill injected too few failures");
-    let restored = restored_checkpoints(&scratch.events("runs"));
-    assert!(!restored.is_empty(), "no run restored a checkpoint: every kill landed before the first one");
+    let args: Vec<String> = [
+        "run",
+        "wordcount",
+        "--input",
+        &input_url,
+        "--output",
+        &output_url,
+        "--state",
+        &scratch.arg("state"),
+        "--parallelism",
+        "2",
+        "--checkpoint-interval",
+        "20ms",
+        "--line-delay-us",
+        "40",
+        "-v",
+    ]
+    .map(String::from)
+    .to_vec();
+    let drill = Drill { rounds: 8, kill_delay_ms: (300, 1200), time_limit: Duration::from_secs(240), seed: 5 };
+    let DrillReport { killed, restored } = kill_and_resume(&scratch, &args, &drill);
+    assert_each_update_once(&text, &output);
+    eprintln!("{killed} kills, restored checkpoints {restored:?}");
+}
 
+/// The same pipeline on a cluster of two worker processes (one source and one sink subtask each,
+/// so their transactional producers live in different processes): workers and the coordinator are
+/// SIGKILLed at seeded moments, and every other killed worker comes back with `--kill-self-at` a
+/// step of the sink's protocol, so that kills land in the commit window of one worker while the
+/// other commits.
+#[test]
+fn wordcount_from_kafka_into_kafka_on_two_workers_killed_many_times_commits_every_update_exactly_once() {
+    let scratch = Scratch::new("kafka-cluster");
+    let text = word_lines(17, 30_000, (1, 8), 300);
+    let input = topic("cluster-lines", 4);
+    let output = topic("cluster-counts", OUTPUT_PARTITIONS);
+    produce_lines(&input, &text);
+    let input_url = format!("kafka://{}/{input}?bounded=true", brokers());
+    let output_url = format!("kafka://{}/{output}?partitioning=fixed", brokers());
+    let job: Vec<String> = [
+        "run",
+        "wordcount",
+        "--input",
+        &input_url,
+        "--output",
+        &output_url,
+        "--state",
+        &scratch.arg("state"),
+        "--parallelism",
+        "2",
+        "--checkpoint-interval",
+        "30ms",
+        "--line-delay-us",
+        "500",
+        "--replacement-wait",
+        "3s",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut rng = XorShift::new(11);
+    let mut c = Cluster::start(&scratch, 2, &job);
+    // A generation takes about a second to deploy (the sinks fence and recover): kills are spaced
+    // so that most land once it runs, after the first checkpoint.
+    c.wait_for_checkpoints(1, Duration::from_secs(60));
+    let killed = c.chaos(&mut rng, 8, (900, 2200), &SINK_STEPS);
+    let status = c.wait(Duration::from_secs(180));
+    assert!(
+        status.success(),
+        "the coordinator failed ({status}) after kills {killed:?}; logs in {}",
+        scratch.dir.display()
+    );
+    let restored = restored_checkpoints(&scratch.events("coordinator"));
+    assert!(killed.len() >= 5, "the job finished before most kills ({killed:?}): make it longer");
+    assert!(!restored.is_empty(), "no generation restored a checkpoint after kills {killed:?}");
+    assert!(
+        killed.iter().any(|k| k.ends_with("killed itself")),
+        "no worker killed itself at a step of the sink's protocol: {killed:?}"
+    );
+    assert_each_update_once(&text, &output);
+    eprintln!("kills {killed:?}; restored checkpoints {restored:?}");
+}
+
+/// A configuration error of a connector that a worker finds (here: an output topic that does not
+/// exist) stops the job at once, as in one process, instead of restarting it until the restart
+/// strategy gives up.
+#[test]
+fn a_missing_output_topic_on_a_cluster_fails_the_job_at_once_without_restarts() {
+    let scratch = Scratch::new("kafka-cluster-missing");
+    let file = scratch.write("in.txt", "a b\n").display().to_string();
+    let output_url = format!("kafka://{}/no-such-topic-{}", brokers(), std::process::id());
+    let job: Vec<String> =
+        ["run", "wordcount", "--input", &file, "--output", &output_url, "--state", &scratch.arg("state")]
+            .map(String::from)
+            .to_vec();
+    let mut c = Cluster::start(&scratch, 1, &job);
+    let status = c.wait(Duration::from_secs(60));
+    assert!(!status.success(), "the job succeeded without its output topic");
+    let log = scratch.log_text("coordinator");
+    assert!(log.contains("does not exist: create it first"), "{log}");
+    let restarts = common::count(&scratch.events("coordinator"), "restart");
+    assert_eq!(restarts, 0, "the job restarted {restarts} time(s) for a topic that is missing: {log}");
+}
+
+/// A `read_committed` consumer of `output` sees each (word, n) for n = 1..count(word) in `text`
+/// exactly once.
+fn assert_each_update_once(text: &str, output: &str) {
     let mut seen: BTreeMap<(String, u64), u32> = BTreeMap::new();
-    for r in read_committed(&brokers(), &output, OUTPUT_PARTITIONS).unwrap() {
+    for r in read_committed(&brokers(), output, OUTPUT_PARTITIONS).unwrap() {
         let word = String::from_utf8(r.key.unwrap()).unwrap();
         let n: u64 = String::from_utf8(r.value.unwrap()).unwrap().parse().unwrap();
         *seen.entry((word, n)).or_insert(0) += 1;
     }
     let want: BTreeMap<(String, u64), u32> =
-        expected_counts(&text).into_iter().flat_map(|(w, c)| (1..=c).map(move |n| ((w.clone(), n), 1))).collect();
+        expected_counts(text).into_iter().flat_map(|(w, c)| (1..=c).map(move |n| ((w.clone(), n), 1))).collect();
     let doubled: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).take(5).collect();
     assert!(doubled.is_empty(), "updates committed twice: {doubled:?}");
     let lost: Vec<_> = want.keys().filter(|k| !seen.contains_key(*k)).take(5).collect();
     assert!(lost.is_empty(), "updates lost: {lost:?} ({} of {} seen)", seen.len(), want.len());
     assert_eq!(seen.len(), want.len(), "updates that no failure-free run writes");
-    eprintln!("{killed} kills, restored checkpoints {restored:?}");
 }
 
 #[test]

@@ -17,6 +17,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+#[cfg(unix)]
+pub mod cluster;
+#[cfg(unix)]
+pub mod drill;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_cutline");
 
 /// A `cutline` command whose events are logged as JSON objects.

@@ -34,6 +34,7 @@ mod shape;
 pub(crate) mod wire;
 mod worker;
 mod worker_deploy;
+mod worker_links;
 
 pub use config::{
     ClusterConfig, DEFAULT_DEPLOY_TIMEOUT_MS, DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_HEARTBEAT_TIMEOUT_MS,

@@ -5,24 +5,22 @@
 //! different frame protection, a job graph that differs from the coordinator's.
 
 use super::acks::TaskEvent;
-use super::admit::MAX_PENDING_HANDSHAKES;
-use super::proto::{
-    self, version, DataHello, DeployMsg, JobInfo, JoinHello, ToCoordinator, ToWorker, WelcomeHello, KIND_MESSAGE,
-};
+use super::proto::{self, version, DeployMsg, JobInfo, JoinHello, ToCoordinator, ToWorker, WelcomeHello, KIND_MESSAGE};
 use super::shape::GraphShape;
-use super::wire::{self, FrameProtection, FrameReader, FrameWriter, Secret, WireError};
+use super::wire::{self, FrameProtection, Secret, WireError};
 use super::worker_deploy::{start_deploy, DeployCtx, Deploying, LocalGeneration};
+use super::worker_links::{accept_links, connect, Inbound};
 use crate::dataflow::JobGraph;
+use crate::fault::Faults;
 use crate::runtime::run::{DeployError, RtEvent};
 use crate::runtime::start::host_name;
 use cutline_core::coordinator::Event;
 use cutline_core::Generation;
 use cutline_storage::CheckpointStore;
-use std::collections::HashMap;
 use std::io::{BufReader, BufWriter, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a worker tries to reach its coordinator before it gives up.
@@ -52,6 +50,8 @@ pub struct WorkerConfig {
     pub frame_protection: FrameProtection,
     /// Where the secret came from (e.g. its file), for the error when the coordinator rejects it.
     pub secret_origin: Option<String>,
+    /// Drills: the fault policy of the tasks this worker runs (default: none).
+    pub faults: Faults,
 }
 
 impl WorkerConfig {
@@ -65,6 +65,7 @@ impl WorkerConfig {
             rejoin_timeout_ms: DEFAULT_REJOIN_TIMEOUT_MS,
             frame_protection: FrameProtection::default(),
             secret_origin: None,
+            faults: Faults::none(),
         }
     }
 }
@@ -146,11 +147,6 @@ impl From<String> for SessionError {
 pub type JobBuilder = dyn Fn(&[String]) -> Result<(JobGraph, String), String>;
 /// Opens the checkpoint storage a coordinator names.
 pub type StoreOpener = dyn Fn(&str) -> Result<Arc<dyn CheckpointStore>, String>;
-
-/// A data link that arrived from another worker: its connection and frames.
-pub(crate) type InboundLink = (TcpStream, FrameWriter, FrameReader);
-/// Data links arriving from other workers, until the deployment they belong to takes them.
-pub(crate) type Inbound = Arc<(Mutex<HashMap<(Generation, u32, u32), InboundLink>>, Condvar)>;
 
 /// Run a worker until its coordinator says the job is over (Ok), no coordinator can be reached for
 /// `rejoin_timeout_ms`, or something that retrying cannot mend happens (Err, at once).
@@ -236,66 +232,6 @@ pub fn run_worker(cfg: WorkerConfig, build: &JobBuilder, open_store: &StoreOpene
                 std::thread::sleep(Duration::from_millis(REJOIN_BACKOFF_MS * 5));
             }
         }
-    }
-}
-
-/// How long one attempt to reach the coordinator may take (a cut-off network drops packets silently).
-const CONNECT_TIMEOUT_MS: u64 = 2_000;
-
-pub(crate) fn connect(addr: &str) -> std::io::Result<TcpStream> {
-    use std::net::ToSocketAddrs;
-    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, format!("{addr} resolves to no address"));
-    for a in addr.to_socket_addrs()? {
-        match TcpStream::connect_timeout(&a, Duration::from_millis(CONNECT_TIMEOUT_MS)) {
-            Ok(s) => return Ok(s),
-            Err(e) => last = e,
-        }
-    }
-    Err(last)
-}
-
-fn accept_links(listener: TcpListener, secret: Secret, protection: FrameProtection, inbound: Inbound) {
-    let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    for stream in listener.incoming() {
-        let Ok(mut stream) = stream else { continue };
-        let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-        if pending.fetch_add(1, Ordering::SeqCst) >= MAX_PENDING_HANDSHAKES {
-            pending.fetch_sub(1, Ordering::SeqCst);
-            tracing::warn!(
-                event = "connection_refused",
-                peer = %peer,
-                "refused a data connection from {peer}: too many handshakes in progress"
-            );
-            continue;
-        }
-        let (inbound, secret, pending) = (inbound.clone(), secret.clone(), pending.clone());
-        // Handshakes run on their own thread: a slow or hostile peer cannot hold up the others.
-        let _ = std::thread::Builder::new().name("cutline-data-handshake".into()).spawn(move || {
-            // The frame limit is the job's, set when a deployment takes the link.
-            let hello = wire::handshake_server(&mut stream, &secret, protection, b"", wire::DEFAULT_MAX_FRAME_BYTES)
-                .and_then(|est| proto::decode::<DataHello>(&est.hello).map(|h| (h, est)));
-            pending.fetch_sub(1, Ordering::SeqCst);
-            let (hello, est) = match hello {
-                Ok(h) => h,
-                Err(e) => {
-                    tracing::warn!(
-                        event = "connection_refused",
-                        peer = %peer,
-                        reason = %e,
-                        "refused a data connection from {peer}: {e}"
-                    );
-                    return;
-                }
-            };
-            // Keyed by its addressee too: the deployment takes only links addressed to this worker's
-            // id under its current coordinator (a link for a stale address is never used).
-            let (map, cv) = &*inbound;
-            let mut m = map.lock().expect("inbound links");
-            // Links of generations older than this one will never be taken.
-            m.retain(|(g, _, _), _| *g >= hello.generation);
-            m.insert((hello.generation, hello.from, hello.to), (stream, est.writer, est.reader));
-            cv.notify_all();
-        });
     }
 }
 
@@ -440,6 +376,7 @@ fn session(
         inbound: inbound.clone(),
         secret: secret.clone(),
         protection: cfg.frame_protection,
+        faults: cfg.faults.clone(),
     };
     let mut deploying: Option<Deploying> = None;
     let mut queued: Option<DeployMsg> = None;

@@ -6,7 +6,7 @@ use super::config::DEFAULT_DEPLOY_TIMEOUT_MS;
 use super::data::{start_receiver, start_sender, Link};
 use super::proto::{self, DataHello, DeployMsg, WorkerSettings};
 use super::wire::{self, FrameProtection, Secret};
-use super::worker::{connect, Inbound};
+use super::worker_links::{connect, Inbound};
 use crate::channel::{ChannelProbe, Waker};
 use crate::dataflow::JobGraph;
 use crate::error::TaskError;
@@ -78,6 +78,7 @@ pub(crate) struct DeployCtx {
     pub(crate) inbound: Inbound,
     pub(crate) secret: Secret,
     pub(crate) protection: FrameProtection,
+    pub(crate) faults: Faults,
 }
 
 /// A deployment in progress: its generation, its abort flag, and where its result arrives.
@@ -97,6 +98,7 @@ pub(crate) fn start_deploy(ctx: &DeployCtx, d: DeployMsg, received: Instant) -> 
         inbound: ctx.inbound.clone(),
         secret: ctx.secret.clone(),
         protection: ctx.protection,
+        faults: ctx.faults.clone(),
     };
     let a = abort.clone();
     let spawned = std::thread::Builder::new().name("cutline-deploy".into()).spawn(move || {
@@ -139,7 +141,7 @@ fn deploy_here(
     abort: &AtomicBool,
     received: Instant,
 ) -> Result<LocalGeneration, DeployError> {
-    let DeployCtx { graph, fingerprint, store, settings, me, inbound, secret, protection } = ctx;
+    let DeployCtx { graph, fingerprint, store, settings, me, inbound, secret, protection, faults } = ctx;
     let me = *me;
     check_placement(graph, me, &d)?;
     let called_off = || {
@@ -164,7 +166,7 @@ fn deploy_here(
     index.duplicates_allowed = d.duplicates_allowed;
     let opts = DeployOptions {
         restore: &index,
-        faults: Faults::none(),
+        faults: faults.clone(),
         incarnation_base: generation.0 << 32,
         job_id: job_id(fingerprint),
         batch_size: settings.batch_size as usize,
@@ -177,7 +179,9 @@ fn deploy_here(
         deploy_placed(graph, &opts, Some(&placement))
     })) {
         Ok(Ok(p)) => p,
-        Ok(Err(e @ TaskError::State { .. })) => return Err(DeployError::Permanent(e)),
+        // As in one process: state that does not fit the job, a missing topic or table, a bad
+        // setting of a connector; deploying again opens the same thing again.
+        Ok(Err(e)) if e.is_permanent() => return Err(DeployError::Permanent(e)),
         Ok(Err(e)) => return Err(DeployError::Retry(e.to_string())),
         Err(_) => return Err(DeployError::Retry("deploying panicked".into())),
     };
@@ -251,7 +255,7 @@ fn deploy_here(
         graph,
         settings.snapshot_writers as usize,
         store,
-        &Faults::none(),
+        faults,
         placed.tasks,
         generation,
         start,
