@@ -38,14 +38,22 @@ fn run_id() -> &'static str {
 
 /// A fresh topic of `partitions` partitions, named after `name` and this run.
 fn topic(name: &str, partitions: i32) -> String {
+    topic_on(&brokers(), name, partitions)
+}
+
+fn topic_on(brokers: &str, name: &str, partitions: i32) -> String {
     let t = format!("{name}-{}", run_id());
-    kafka::create_topic(&brokers(), &t, partitions).unwrap();
+    kafka::create_topic(brokers, &t, partitions).unwrap();
     t
 }
 
 /// Produce `records` (partition, key, value) without a transaction, and wait until all are written.
 fn produce(topic: &str, records: impl IntoIterator<Item = (i32, String, String)>) {
-    let p: BaseProducer = ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    produce_on(&brokers(), topic, records)
+}
+
+fn produce_on(brokers: &str, topic: &str, records: impl IntoIterator<Item = (i32, String, String)>) {
+    let p: BaseProducer = ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
     for (partition, k, v) in records {
         let mut r = BaseRecord::to(topic).partition(partition).key(&k).payload(&v);
         loop {
@@ -308,14 +316,22 @@ fn config(dir: &std::path::Path, job: &str, faults: Faults) -> RunConfig {
 
 /// An input topic of 4 partitions holding `RECORDS` records, value `i`, key `k{i % KEYS}`.
 fn input(name: &str) -> String {
-    let t = topic(name, 4);
-    produce(&t, (0..RECORDS).map(|i| ((i % 4) as i32, format!("k{}", i % KEYS), i.to_string())));
+    input_on(&brokers(), name)
+}
+
+fn input_on(brokers: &str, name: &str) -> String {
+    let t = topic_on(brokers, name, 4);
+    produce_on(brokers, &t, (0..RECORDS).map(|i| ((i % 4) as i32, format!("k{}", i % KEYS), i.to_string())));
     t
 }
 
 /// Reads `input` (bounded) at parallelism 2, counts per key, and writes `key -> count` for every
 /// record into `output` (3 partitions) with a sink of `mode`.
 fn run_count_job(name: &str, input: &str, output: &str, exactly_once: bool, faults: Faults) -> u32 {
+    run_count_job_on(&brokers(), name, input, output, exactly_once, faults)
+}
+
+fn run_count_job_on(brokers: &str, name: &str, input: &str, output: &str, exactly_once: bool, faults: Faults) -> u32 {
     // The job's warnings (each failure that made it restart) go to the test's captured output.
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
@@ -324,7 +340,7 @@ fn run_count_job(name: &str, input: &str, output: &str, exactly_once: bool, faul
     let dir = tempfile::tempdir().unwrap();
     let job = Job::new(name);
     job.set_parallelism(2);
-    let source_cfg = KafkaSourceConfig::new(&brokers(), &[input]).bounded();
+    let source_cfg = KafkaSourceConfig::new(brokers, &[input]).bounded();
     let records = job.source_from("in", move |_| KafkaSource::new(source_cfg.clone())).map(|r: KafkaRecord| {
         // Slow enough for some 20 checkpoints in a run.
         if r.offset % 50 == 0 {
@@ -339,9 +355,9 @@ fn run_count_job(name: &str, input: &str, output: &str, exactly_once: bool, faul
             out.emit((k.clone(), c.to_string()));
         });
     let mut sink_cfg = if exactly_once {
-        KafkaSinkConfig::exactly_once(&brokers(), output)
+        KafkaSinkConfig::exactly_once(brokers, output)
     } else {
-        KafkaSinkConfig::at_least_once(&brokers(), output)
+        KafkaSinkConfig::at_least_once(brokers, output)
     };
     // Tansu 0.6.0 can lose the offsets of a transaction that shares a partition with another
     // producer's (see ARCHITECTURE.md); the subtasks write disjoint partitions here.
@@ -354,8 +370,12 @@ fn run_count_job(name: &str, input: &str, output: &str, exactly_once: bool, faul
 
 /// Per key, how often each count was seen by a `read_committed` consumer of `output`.
 fn seen_counts(output: &str) -> BTreeMap<(String, u64), u32> {
+    seen_counts_on(&brokers(), output)
+}
+
+fn seen_counts_on(brokers: &str, output: &str) -> BTreeMap<(String, u64), u32> {
     let mut seen = BTreeMap::new();
-    for r in read_committed(&brokers(), output, 3).unwrap() {
+    for r in read_committed(brokers, output, 3).unwrap() {
         let (k, v) = text(&r);
         *seen.entry((k, v.parse::<u64>().unwrap())).or_insert(0) += 1;
     }
@@ -371,11 +391,15 @@ fn failure_free() -> BTreeMap<(String, u64), u32> {
 }
 
 fn assert_exactly_once(output: &str) {
-    let seen = seen_counts(output);
+    assert_exactly_once_on(&brokers(), output)
+}
+
+fn assert_exactly_once_on(brokers: &str, output: &str) {
+    let seen = seen_counts_on(brokers, output);
     let want = failure_free();
     let doubled: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).take(5).collect();
     if !doubled.is_empty() {
-        for r in read_committed(&brokers(), output, 3).unwrap() {
+        for r in read_committed(brokers, output, 3).unwrap() {
             let (k, v) = text(&r);
             if doubled.iter().any(|((dk, dv), _)| *dk == k && dv.to_string() == v) {
                 eprintln!(
@@ -480,6 +504,82 @@ fn a_broker_that_stops_answering_for_three_seconds_stalls_the_job_and_loses_noth
     assert!(commits.load(Ordering::SeqCst) > 1, "the job ended before the broker stopped");
     assert!(started.elapsed() >= Duration::from_secs(3), "the job did not wait for the broker");
     assert_exactly_once(&o);
+}
+
+/// A broker of this test's own, on durable storage: Tansu keeping its log in a fresh bucket of the
+/// S3 server that `scripts/test` starts (`scripts/kafka-test-server` with an `s3://` storage), so
+/// that it can be killed and started again without losing what it stored. Stopped when dropped.
+struct DurableBroker {
+    dir: String,
+    brokers: String,
+}
+
+impl DurableBroker {
+    const SCRIPT: &'static str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/kafka-test-server");
+
+    fn start(name: &str) -> DurableBroker {
+        assert!(
+            std::env::var("CUTLINE_S3_ENDPOINT").is_ok(),
+            "CUTLINE_S3_ENDPOINT is not set: run the tests with scripts/test, which starts an S3 server"
+        );
+        let bucket = format!("tansu-{name}-{}", run_id());
+        let out = std::process::Command::new(Self::SCRIPT)
+            .env("CUTLINE_KAFKA_STORAGE", format!("s3://{bucket}/"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "kafka-test-server: {}", String::from_utf8_lossy(&out.stderr));
+        let exports = String::from_utf8(out.stdout).unwrap();
+        let var = |name: &str| -> String {
+            let line = exports.lines().find_map(|l| l.strip_prefix(&format!("export {name}=")));
+            line.unwrap_or_else(|| panic!("no {name} in {exports}")).trim_matches('\'').to_string()
+        };
+        DurableBroker { dir: var("CUTLINE_KAFKA_DIR"), brokers: var("CUTLINE_KAFKA_BROKERS") }
+    }
+
+    /// `down` (kill -9) or `up` (start again on the same port and storage).
+    fn script(&self, cmd: &str) {
+        let out =
+            std::process::Command::new(Self::SCRIPT).arg(cmd).env("CUTLINE_KAFKA_DIR", &self.dir).output().unwrap();
+        assert!(out.status.success(), "kafka-test-server {cmd}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+impl Drop for DurableBroker {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(Self::SCRIPT).arg("stop").env("CUTLINE_KAFKA_DIR", &self.dir).output();
+    }
+}
+
+/// The broker is killed with SIGKILL in the middle of the job (at its second commit), stays down
+/// for two seconds and comes back on its durable log: the job stalls, restarts, and a
+/// `read_committed` consumer sees every update exactly once.
+#[test]
+fn the_broker_killed_and_restarted_on_durable_storage_while_the_job_runs_loses_and_doubles_nothing() {
+    let b = DurableBroker::start("restart");
+    let (i, o) = (input_on(&b.brokers, "job-restart-in"), topic_on(&b.brokers, "job-restart-out", 3));
+    let commits = Arc::new(AtomicU64::new(0));
+    let restarted = Arc::new(std::sync::Mutex::new(None));
+    let (c2, r2, dir) = (commits.clone(), restarted.clone(), b.dir.clone());
+    let faults = Faults::new(move |p| {
+        if p == FaultPoint::SinkCommit && c2.fetch_add(1, Ordering::SeqCst) == 1 {
+            let dir = dir.clone();
+            *r2.lock().unwrap() = Some(std::thread::spawn(move || {
+                let b = DurableBroker { dir, brokers: String::new() };
+                b.script("down");
+                std::thread::sleep(Duration::from_secs(2));
+                b.script("up");
+                std::mem::forget(b); // the test's own guard stops it
+            }));
+        }
+        false
+    });
+    let started = Instant::now();
+    let restarts = run_count_job_on(&b.brokers, "kafka-restart", &i, &o, true, faults);
+    let bouncer = restarted.lock().unwrap().take().expect("the job ended before the broker was killed");
+    bouncer.join().unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(2), "the job did not wait for the broker");
+    eprintln!("{restarts} restarts while the broker was down");
+    assert_exactly_once_on(&b.brokers, &o);
 }
 
 #[test]
