@@ -573,10 +573,21 @@ fn the_broker_killed_and_restarted_on_durable_storage_while_the_job_runs_loses_a
         }
         false
     });
+    // Dropped before `b` (declared after it): a failing job still waits for the restart to finish
+    // before the broker is stopped, so no broker outlives the test.
+    struct JoinOnDrop(Arc<std::sync::Mutex<Option<std::thread::JoinHandle<()>>>>);
+    impl Drop for JoinOnDrop {
+        fn drop(&mut self) {
+            if let Some(t) = self.0.lock().unwrap().take() {
+                let _ = t.join();
+            }
+        }
+    }
+    let bouncer = JoinOnDrop(restarted.clone());
     let started = Instant::now();
     let restarts = run_count_job_on(&b.brokers, "kafka-restart", &i, &o, true, faults);
-    let bouncer = restarted.lock().unwrap().take().expect("the job ended before the broker was killed");
-    bouncer.join().unwrap();
+    assert!(restarted.lock().unwrap().is_some(), "the job ended before the broker was killed");
+    drop(bouncer);
     assert!(started.elapsed() >= Duration::from_secs(2), "the job did not wait for the broker");
     eprintln!("{restarts} restarts while the broker was down");
     assert_exactly_once_on(&b.brokers, &o);

@@ -229,6 +229,76 @@ fn upsert_keeps_the_last_value_of_each_key_even_when_a_batch_holds_the_key_twice
     assert_eq!(got, want);
 }
 
+/// Every kind of value into columns of every common type, sent in the column type's binary form,
+/// and into types the server casts from text; each row read back as the server stores it. A value
+/// that does not fit its column is refused with the column named, permanently.
+#[test]
+fn values_of_each_kind_land_in_columns_of_their_type_bound_natively_or_cast() {
+    let _server = shared();
+    let t = "t_types";
+    sql()
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {t}; CREATE TABLE {t} (i8 bigint, i4 integer, i2 smallint, f8 double precision, \
+             f4 real, b boolean, tx text, vc varchar(8), num numeric(10,2), ts timestamptz, js jsonb)"
+        ))
+        .unwrap();
+    let cols = ["i8", "i4", "i2", "f8", "f4", "b", "tx", "vc", "num", "ts", "js"];
+    let row: RowFn<Vec<SqlValue>> = Arc::new(|r: &Vec<SqlValue>| r.clone());
+    let mut s = PostgresSink::new(PostgresSinkConfig::insert(&url(), t, &cols), row);
+    s.open(&ctx("types", 1)).unwrap();
+    let v = |x: &str| SqlValue::from(x);
+    // Native kinds, then text the server would parse, then NULLs.
+    s.write(vec![
+        (-5i64).into(),
+        7i32.into(),
+        3i16.into(),
+        1.5.into(),
+        2.25.into(),
+        true.into(),
+        "a'b".into(),
+        "short".into(),
+        12i64.into(),
+        v("2026-12-02T10:00:00Z"),
+        v(r#"{"a": 1}"#),
+    ])
+    .unwrap();
+    s.write(vec![
+        v("42"),
+        v("-8"),
+        v("9"),
+        4i64.into(),
+        v("0.5"),
+        v("off"),
+        3i64.into(),
+        v("x"),
+        v("1.25"),
+        v("2026-01-01 00:00:00+00"),
+        v("[1,2]"),
+    ])
+    .unwrap();
+    s.write(vec![SqlValue::Null; cols.len()]).unwrap();
+    let p = s.prepare(CheckpointId(1)).unwrap().unwrap();
+    s.commit(&[p]).unwrap();
+    let got: Vec<String> = sql()
+        .query(&format!("SELECT concat_ws('|', i8, i4, i2, f8, f4, b, tx, vc, num, ts AT TIME ZONE 'UTC', js) FROM {t} ORDER BY i8 NULLS LAST"), &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            "-5|7|3|1.5|2.25|t|a'b|short|12.00|2026-12-02 10:00:00|{\"a\": 1}",
+            "42|-8|9|4|0.5|f|3|x|1.25|2026-01-01 00:00:00|[1, 2]",
+            "",
+        ]
+    );
+    let mut bad = vec![SqlValue::Null; cols.len()];
+    bad[2] = 70_000i64.into();
+    let e = s.write(bad).expect_err("70000 into a smallint");
+    assert!(e.is_permanent() && e.to_string().contains("column i2 of type smallint"), "{e}");
+}
+
 /// Bug: a flush between barriers upserting a key that the sink's own prepared transaction of the
 /// previous checkpoint still locked blocked the task thread, the only thread that could commit that
 /// transaction: the job hung (found by the CLI drill).
@@ -258,15 +328,62 @@ fn regression_a_key_written_again_before_its_previous_checkpoint_committed_deadl
     let mut got: Vec<(String, i64)> = rows(&t).into_iter().map(|(_, k, n)| (k.unwrap(), n.unwrap())).collect();
     got.sort();
     assert_eq!(got, vec![("a".into(), 2), ("b".into(), 2), ("c".into(), 1)]);
-    // At a barrier the rows must go in: still locked after lock_wait_ms, the task fails (and the job
-    // restores) instead of hanging.
-    w(&mut s, "a", 3);
+}
+
+/// Bug: a barrier that reached an upserting sink before the completion of its previous checkpoint
+/// (the final barrier racing that completion; seen in `cutline bench-postgres`) made it write keys
+/// its own prepared transaction still locked: the task waited `lock_wait_ms`, failed, and the job
+/// restored. Now such a checkpoint carries the rows it could not write, and they are written when it
+/// commits, or by a recovery, exactly once.
+#[test]
+fn regression_a_barrier_before_the_previous_checkpoints_completion_blocked_the_upsert_sink() {
+    let _server = shared();
+    let t = table("t_barrier_race");
+    let row: RowFn<(String, i64)> = Arc::new(|(k, n): &(String, i64)| vec![k.as_str().into(), (*n).into()]);
+    let mut cfg = PostgresSinkConfig::upsert(&url(), &t, &["k", "n"], &["k"]);
+    cfg.batch_rows = 2;
+    cfg.lock_wait_ms = 300;
+    let new_sink = || PostgresSink::new(cfg.clone(), row.clone());
+    let mut s = new_sink();
+    s.open(&ctx("race", 1)).unwrap();
+    let w = |s: &mut PostgresSink<(String, i64)>, k: &str, n: i64| s.write((k.to_string(), n)).unwrap();
+    let table_now = || -> Vec<(String, i64)> {
+        let mut got: Vec<(String, i64)> = rows(&t).into_iter().map(|(_, k, n)| (k.unwrap(), n.unwrap())).collect();
+        got.sort();
+        got
+    };
+    w(&mut s, "a", 1);
+    let p1 = s.prepare(CheckpointId(1)).unwrap().unwrap();
+    // Checkpoint 2's barrier, and the end of input, before checkpoint 1 committed.
+    w(&mut s, "a", 2);
+    w(&mut s, "b", 2);
+    let started = std::time::Instant::now();
+    Sink::<(String, i64)>::end_of_input(&mut s).unwrap();
+    let p2 = s.prepare(CheckpointId(2)).unwrap().expect("checkpoint 2 holds rows");
+    assert!(started.elapsed() < Duration::from_millis(300), "the barrier waited for the sink's own locks");
+    assert!(p2.gid.is_empty() && p2.deferred.len() == 2, "{p2:?}");
+    let bytes = postcard::to_allocvec(&p2).unwrap();
+    assert_eq!(postcard::from_bytes::<PreparedTxn>(&bytes).unwrap(), p2, "deferred rows round-trip");
+    s.commit(std::slice::from_ref(&p1)).unwrap();
+    assert_eq!(table_now(), vec![("a".into(), 1)]);
+    s.commit(std::slice::from_ref(&p2)).unwrap();
+    assert_eq!(table_now(), vec![("a".into(), 2), ("b".into(), 2)]);
+    s.commit(std::slice::from_ref(&p2)).unwrap(); // a second commit writes nothing again
+                                                  // Checkpoint 3 defers a row and the process dies before committing it (the commit window):
+                                                  // the next generation's recovery writes it, once, also when it recovers twice.
+    w(&mut s, "c", 1);
     let p3 = s.prepare(CheckpointId(3)).unwrap().unwrap();
-    w(&mut s, "a", 4);
-    let err = s.prepare(CheckpointId(4)).unwrap_err();
-    assert!(err.to_string().contains("stayed locked for lock_wait_ms = 300 ms"), "{err}");
-    assert!(!err.is_permanent());
-    s.commit(&[p3]).unwrap();
+    w(&mut s, "c", 3);
+    let p4 = s.prepare(CheckpointId(4)).unwrap().unwrap();
+    assert!(p4.gid.is_empty() && p4.deferred.len() == 1, "{p4:?}");
+    Sink::<(String, i64)>::abort(&mut s);
+    let mut r = new_sink();
+    r.open(&ctx("race", 2)).unwrap();
+    r.recover(&[p4.clone(), p3.clone()]).unwrap(); // in checkpoint order, whatever order they come in
+    assert_eq!(table_now(), vec![("a".into(), 2), ("b".into(), 2), ("c".into(), 3)]);
+    sql().batch_execute(&format!("UPDATE {t} SET n = 99 WHERE k = 'c'")).unwrap();
+    r.recover(&[p3, p4]).unwrap();
+    assert_eq!(table_now(), vec![("a".into(), 2), ("b".into(), 2), ("c".into(), 99)], "deferred rows written twice");
 }
 
 #[test]
@@ -475,7 +592,7 @@ fn the_server_restarted_and_down_for_two_seconds_while_the_job_runs_loses_and_do
 #[test]
 fn committables_round_trip_through_a_checkpoint() {
     let _server = shared();
-    let p = PreparedTxn { gid: "cutline@j@out@0@4294967296-3".into(), checkpoint: 3 };
+    let p = PreparedTxn { gid: "cutline@j@out@0@4294967296-3".into(), checkpoint: 3, deferred: Default::default() };
     let bytes = postcard::to_allocvec(&p).unwrap();
     assert_eq!(postcard::from_bytes::<PreparedTxn>(&bytes).unwrap(), p);
 }

@@ -14,11 +14,20 @@
 //! checkpoint prepared and rolls back every other prepared transaction of this job's subtask (never
 //! another job's or sink's, nor a newer generation's).
 //!
+//! An upserting subtask never writes a key that its own prepared transaction of an earlier
+//! checkpoint still locks (it is the thread that would commit it): while one of its checkpoints is
+//! uncommitted it keeps rows buffered, and a barrier that arrives meanwhile (the final one racing
+//! the previous checkpoint's completion, a checkpoint aborted after it prepared, several in flight)
+//! puts the buffered rows into the checkpoint itself. They are written when that checkpoint commits,
+//! in one transaction with a marker row of their own (`...-<checkpoint>-deferred`), and again by a
+//! recovery that finds no such marker.
+//!
 //! A server that cannot be reached stalls the sink for up to `unavailable_wait_ms` (reconnecting
 //! with backoff) before the task fails; the open transaction of a connection that broke is lost, so
 //! that fails the task at once and the job restores and replays it.
 
 mod conn;
+mod param;
 mod sql;
 mod write;
 
@@ -27,6 +36,7 @@ pub use sql::{SqlValue, MAX_BATCH_ROWS};
 use super::sink::{of_a_newer_generation, Sink, SinkContext};
 use crate::error::{ConnectorError, ConnectorResult};
 use cutline_core::CheckpointId;
+use param::{Bind, Param};
 use postgres::error::SqlState;
 use postgres::{Client, Config};
 use serde::{Deserialize, Serialize};
@@ -106,13 +116,30 @@ impl PostgresSinkConfig {
     }
 }
 
-/// A prepared transaction of a [`PostgresSink`], as stored in a checkpoint.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// What a checkpoint of a [`PostgresSink`] subtask leaves to commit, as stored in the checkpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PreparedTxn {
-    /// Its name in `pg_prepared_xacts`.
+    /// Its prepared transaction's name in `pg_prepared_xacts`; empty if it prepared none.
     pub gid: String,
     /// The checkpoint that prepared it.
     pub checkpoint: u64,
+    /// Rows it could not write yet (see the module documentation), written when it commits.
+    pub deferred: DeferredRows,
+}
+
+/// Rows of a checkpoint that wait for an earlier checkpoint's commit (opaque).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeferredRows(Vec<Vec<Param>>);
+
+impl DeferredRows {
+    /// How many rows.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// No rows.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// The function that turns a record into the values of its row, in the order of
@@ -132,21 +159,23 @@ pub struct PostgresSink<T> {
     pg: Option<Config>,
     data: Option<Client>,
     control: Option<Client>,
-    /// Quoted table and columns, the columns' types, the quoted key: known after `open`.
+    /// Quoted table and columns, the columns' types and how their values are bound, the quoted
+    /// key: known after `open`.
     table: String,
     columns: Vec<String>,
     types: Vec<String>,
+    binds: Vec<Bind>,
     key: Option<Vec<String>>,
     /// Positions of the key columns in a row (upsert).
     key_at: Vec<usize>,
     statements: Option<Prepared>,
     /// Rows not yet sent; for upserts, the row of each key (last wins) in first-seen order.
-    buffer: Vec<Vec<Option<String>>>,
+    buffer: Vec<Vec<Param>>,
     buffered_keys: HashMap<Vec<Option<String>>, usize>,
     /// A transaction is open on the data connection.
     in_txn: bool,
-    /// Names of the transactions this instance prepared and has not committed yet.
-    uncommitted: std::collections::BTreeSet<String>,
+    /// Checkpoints this instance prepared (or deferred rows for) and has not committed yet.
+    uncommitted: std::collections::BTreeSet<u64>,
 }
 
 impl<T> Clone for PostgresSink<T> {
@@ -169,6 +198,7 @@ impl<T> PostgresSink<T> {
             table: String::new(),
             columns: Vec::new(),
             types: Vec::new(),
+            binds: Vec::new(),
             key: None,
             key_at: Vec::new(),
             statements: None,
@@ -279,7 +309,7 @@ impl<T> PostgresSink<T> {
         let c = self.control()?;
         let rows = c
             .query(
-                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.atttypid::int8 FROM pg_attribute a \
                  WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
                 &[&quoted],
             )
@@ -291,12 +321,16 @@ impl<T> PostgresSink<T> {
                 "PostgreSQL sink: table {table} does not exist (or has no columns); create it first"
             )));
         }
-        let known: HashMap<String, String> =
-            rows.iter().map(|r| (r.get::<_, String>(0), r.get::<_, String>(1))).collect();
+        let known: HashMap<String, (String, i64)> =
+            rows.iter().map(|r| (r.get::<_, String>(0), (r.get::<_, String>(1), r.get::<_, i64>(2)))).collect();
         self.types = Vec::new();
+        self.binds = Vec::new();
         for col in &self.config.columns {
             match known.get(col) {
-                Some(ty) => self.types.push(ty.clone()),
+                Some((ty, oid)) => {
+                    self.types.push(ty.clone());
+                    self.binds.push(Bind::of_type_oid(u32::try_from(*oid).unwrap_or(0)));
+                }
                 None => {
                     let mut have: Vec<&String> = known.keys().collect();
                     have.sort();
@@ -364,7 +398,16 @@ impl<T> PostgresSink<T> {
     }
 
     /// Commit one prepared transaction, or learn from its marker row that it was committed before.
+    /// Commit what checkpoint `txn` left: its prepared transaction, then its deferred rows.
     fn commit_one(&mut self, txn: &PreparedTxn) -> ConnectorResult<()> {
+        self.commit_prepared(txn)?;
+        self.write_deferred(txn.checkpoint, &txn.deferred.0)
+    }
+
+    fn commit_prepared(&mut self, txn: &PreparedTxn) -> ConnectorResult<()> {
+        if txn.gid.is_empty() {
+            return Ok(());
+        }
         let c = self.control()?;
         match c.batch_execute(&format!("COMMIT PREPARED {}", sql::literal(&txn.gid))) {
             Ok(()) => Ok(()),
@@ -398,6 +441,9 @@ impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
     }
 
     fn recover(&mut self, to_commit: &[PreparedTxn]) -> ConnectorResult<()> {
+        // In checkpoint order, as they were (or would have been) committed.
+        let mut to_commit: Vec<&PreparedTxn> = to_commit.iter().collect();
+        to_commit.sort_by_key(|t| t.checkpoint);
         for txn in to_commit {
             self.commit_one(txn)?;
         }
@@ -435,9 +481,12 @@ impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
                 self.columns.len()
             )));
         }
-        let row: Vec<Option<String>> = values.iter().map(SqlValue::to_text).collect();
+        let mut row = Vec::with_capacity(values.len());
+        for (i, v) in values.iter().enumerate() {
+            row.push(v.to_param(self.binds[i], &self.config.columns[i], &self.types[i])?);
+        }
         if self.key.is_some() {
-            let key: Vec<Option<String>> = self.key_at.iter().map(|&i| row[i].clone()).collect();
+            let key: Vec<Option<String>> = self.key_at.iter().map(|&i| values[i].to_text()).collect();
             match self.buffered_keys.get(&key) {
                 Some(&at) => self.buffer[at] = row,
                 None => {
@@ -455,9 +504,19 @@ impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
     }
 
     fn prepare(&mut self, checkpoint: CheckpointId) -> ConnectorResult<Option<PreparedTxn>> {
-        self.flush(true)?;
+        let deferred = if self.must_defer() {
+            self.buffered_keys.clear();
+            DeferredRows(std::mem::take(&mut self.buffer))
+        } else {
+            self.flush(true)?;
+            DeferredRows::default()
+        };
         if !self.in_txn {
-            return Ok(None);
+            if deferred.is_empty() {
+                return Ok(None);
+            }
+            self.uncommitted.insert(checkpoint.0);
+            return Ok(Some(PreparedTxn { gid: String::new(), checkpoint: checkpoint.0, deferred }));
         }
         let c = self.ctx().clone();
         let gid = format!("{}{}-{}", self.prefix(), c.incarnation, checkpoint.0);
@@ -474,19 +533,23 @@ impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
             return Err(self.data_failed(&format!("PREPARE TRANSACTION {gid}"), e));
         }
         self.in_txn = false;
-        self.uncommitted.insert(gid.clone());
-        Ok(Some(PreparedTxn { gid, checkpoint: checkpoint.0 }))
+        self.uncommitted.insert(checkpoint.0);
+        Ok(Some(PreparedTxn { gid, checkpoint: checkpoint.0, deferred }))
     }
 
     fn commit(&mut self, committables: &[PreparedTxn]) -> ConnectorResult<()> {
         for txn in committables {
             self.commit_one(txn)?;
-            self.uncommitted.remove(&txn.gid);
+            self.uncommitted.remove(&txn.checkpoint);
         }
         Ok(())
     }
 
     fn end_of_input(&mut self) -> ConnectorResult<()> {
+        // Rows that must wait go into the final checkpoint (see `prepare`).
+        if self.must_defer() {
+            return Ok(());
+        }
         self.flush(true)
     }
 

@@ -1,6 +1,7 @@
-//! The SQL the PostgreSQL sink sends: identifiers checked and quoted, values as text cast to the
-//! column's type by the server, multi-row `INSERT` statements with or without `ON CONFLICT`.
+//! The SQL the PostgreSQL sink sends: identifiers checked and quoted, multi-row `INSERT` statements
+//! with or without `ON CONFLICT`, each value a parameter of its column's type (see `param.rs`).
 
+use super::param::Bind;
 use crate::error::ConnectorError;
 
 /// Most rows in one statement (`PostgresSinkConfig::batch_rows` is capped here, and by the
@@ -11,8 +12,10 @@ pub(crate) const MAX_PARAMETERS: usize = 65_535;
 /// Longest transaction name PostgreSQL accepts for `PREPARE TRANSACTION` (its GIDSIZE is 200).
 pub(crate) const MAX_GID_BYTES: usize = 199;
 
-/// One value of a row, sent as text and cast by the server to its column's type, so an `i64` can go
-/// into an `integer`, `numeric` or `text` column alike. Build it with `From`: `5i64.into()`,
+/// One value of a row. It goes into a column of the common types (boolean, integers, floats, text)
+/// in that type's binary form, converted as the server would parse its text (`"42"` into a
+/// `bigint`), and into any other column as text the server casts, so an `i64` can go into an
+/// `integer`, `numeric` or `text` column alike. Build it with `From`: `5i64.into()`,
 /// `"word".into()`, `None::<i64>.into()` (NULL).
 #[derive(Clone, Debug, PartialEq)]
 pub enum SqlValue {
@@ -106,13 +109,15 @@ pub(crate) fn table_name(name: &str) -> Result<String, ConnectorError> {
     })
 }
 
-/// A multi-row insert of `rows` rows into `table`: every value a text parameter cast to its
-/// column's type (`types`, from the catalog), and for upserts `ON CONFLICT (key) DO UPDATE` of the
-/// other columns (`DO NOTHING` when every column is part of the key).
+/// A multi-row insert of `rows` rows into `table`: every value a parameter of its column's type
+/// (`types`, from the catalog), a text parameter cast to it for columns bound as [`Bind::Cast`], and
+/// for upserts `ON CONFLICT (key) DO UPDATE` of the other columns (`DO NOTHING` when every column is
+/// part of the key).
 pub(crate) fn insert_statement(
     table: &str,
     columns: &[String],
     types: &[String],
+    binds: &[Bind],
     key: Option<&[String]>,
     rows: usize,
 ) -> String {
@@ -123,12 +128,15 @@ pub(crate) fn insert_statement(
             sql.push_str(", ");
         }
         sql.push('(');
-        for (c, ty) in types.iter().enumerate() {
+        for (c, (ty, bind)) in types.iter().zip(binds).enumerate() {
             if c > 0 {
                 sql.push_str(", ");
             }
             n += 1;
-            sql.push_str(&format!("${n}::text::{ty}"));
+            match bind {
+                Bind::Cast => sql.push_str(&format!("${n}::text::{ty}")),
+                _ => sql.push_str(&format!("${n}")),
+            }
         }
         sql.push(')');
     }
@@ -168,15 +176,16 @@ mod tests {
     #[test]
     fn upsert_updates_the_columns_outside_the_key() {
         let cols = vec!["\"k\"".to_string(), "\"v\"".to_string()];
-        let types = vec!["text".to_string(), "bigint".to_string()];
+        let types = vec!["text".to_string(), "numeric(10,2)".to_string()];
+        let binds = [Bind::Text, Bind::Cast];
         let key = vec!["\"k\"".to_string()];
         assert_eq!(
-            insert_statement("\"t\"", &cols, &types, Some(&key), 2),
-            "INSERT INTO \"t\" (\"k\", \"v\") VALUES ($1::text::text, $2::text::bigint), ($3::text::text, \
-             $4::text::bigint) ON CONFLICT (\"k\") DO UPDATE SET \"v\" = EXCLUDED.\"v\""
+            insert_statement("\"t\"", &cols, &types, &binds, Some(&key), 2),
+            "INSERT INTO \"t\" (\"k\", \"v\") VALUES ($1, $2::text::numeric(10,2)), ($3, \
+             $4::text::numeric(10,2)) ON CONFLICT (\"k\") DO UPDATE SET \"v\" = EXCLUDED.\"v\""
         );
-        assert!(insert_statement("\"t\"", &key, &types[..1], Some(&key), 1).ends_with("DO NOTHING"));
-        assert!(!insert_statement("\"t\"", &cols, &types, None, 1).contains("ON CONFLICT"));
+        assert!(insert_statement("\"t\"", &key, &types[..1], &binds, Some(&key), 1).ends_with("DO NOTHING"));
+        assert!(!insert_statement("\"t\"", &cols, &types, &binds, None, 1).contains("ON CONFLICT"));
     }
 
     #[test]

@@ -2,13 +2,15 @@
 //! that wait while the sink's own prepared transactions (which lock their rows) are uncommitted.
 
 use super::conn;
-use super::{sql, PostgresSink, Prepared, MAX_DEFERRED_ROWS};
+use super::param::Param;
+use super::{sql, PostgresSink, Prepared, MARKER_TABLE, MAX_DEFERRED_ROWS};
 use crate::error::{ConnectorError, ConnectorResult};
 use postgres::error::SqlState;
 
 impl<T> PostgresSink<T> {
     pub(super) fn statement(&mut self, rows: usize) -> ConnectorResult<postgres::Statement> {
-        let sql = sql::insert_statement(&self.table, &self.columns, &self.types, self.key.as_deref(), rows);
+        let sql =
+            sql::insert_statement(&self.table, &self.columns, &self.types, &self.binds, self.key.as_deref(), rows);
         if rows == self.config.batch_rows {
             if let Some(p) = &self.statements {
                 return Ok(p.full.clone());
@@ -39,11 +41,7 @@ impl<T> PostgresSink<T> {
         if self.buffer.is_empty() {
             return Ok(());
         }
-        if !final_for_barrier
-            && self.key.is_some()
-            && !self.uncommitted.is_empty()
-            && self.buffer.len() < MAX_DEFERRED_ROWS
-        {
+        if !final_for_barrier && self.must_defer() && self.buffer.len() < MAX_DEFERRED_ROWS {
             return Ok(());
         }
         if self.data.as_ref().is_none_or(|c| c.is_closed()) {
@@ -81,6 +79,59 @@ impl<T> PostgresSink<T> {
             return Err(self.data_failed(&format!("writing {} rows into {}", chunk.len(), self.config.table), e));
         }
         Ok(())
+    }
+
+    /// Whether rows must wait: an upserting sink with a checkpoint of its own not yet committed (its
+    /// prepared transaction may lock the keys).
+    pub(super) fn must_defer(&self) -> bool {
+        self.key.is_some() && !self.uncommitted.is_empty()
+    }
+
+    /// Write the rows checkpoint `checkpoint` deferred, once: in one transaction on the control
+    /// connection with the marker row `<prefix><incarnation>-<checkpoint>-deferred`; a marker already
+    /// there (a commit before a crash, a second recovery) means they were written.
+    pub(super) fn write_deferred(&mut self, checkpoint: u64, rows: &[Vec<Param>]) -> ConnectorResult<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let c = self.ctx().clone();
+        let gid = format!("{}{}-{checkpoint}-deferred", self.prefix(), c.incarnation);
+        let cp = i64::try_from(checkpoint).map_err(|_| ConnectorError::permanent("checkpoint id beyond i64"))?;
+        let subtask = c.subtask as i32;
+        let (per_statement, lock_wait_ms) = (self.config.batch_rows, self.config.lock_wait_ms);
+        let (table, columns, types, binds, key) =
+            (self.table.clone(), self.columns.clone(), self.types.clone(), self.binds.clone(), self.key.clone());
+        let control = self.control()?;
+        let result = (|| -> Result<bool, postgres::Error> {
+            let mut t = control.transaction()?;
+            t.batch_execute(&format!("SET LOCAL lock_timeout = {lock_wait_ms}"))?;
+            let marker = format!(
+                "INSERT INTO {MARKER_TABLE} (job, sink, subtask, checkpoint, gid) VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (gid) DO NOTHING"
+            );
+            if t.execute(&marker, &[&c.job, &c.uid, &subtask, &cp, &gid])? == 0 {
+                return Ok(false); // written before
+            }
+            for chunk in rows.chunks(per_statement) {
+                let sql = sql::insert_statement(&table, &columns, &types, &binds, key.as_deref(), chunk.len());
+                let params: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                    chunk.iter().flatten().map(|v| v as &(dyn postgres::types::ToSql + Sync)).collect();
+                t.execute(sql.as_str(), &params)?;
+            }
+            t.commit()?;
+            Ok(true)
+        })();
+        match result {
+            Ok(true) => {
+                tracing::info!(checkpoint, rows = rows.len(), "PostgreSQL sink: wrote the rows a checkpoint deferred");
+                Ok(())
+            }
+            Ok(false) => Ok(()),
+            Err(e) => {
+                Err(self
+                    .control_failed(&format!("writing the {} rows checkpoint {checkpoint} deferred", rows.len()), e))
+            }
+        }
     }
 
     /// (Re)connect the data connection, its statements to be prepared again, its lock waits bounded.
