@@ -1,7 +1,8 @@
 //! `cutline run wordcount --input kafka://... --output kafka://...` against a real broker (feature
 //! `kafka`; `scripts/test` starts Tansu and exports `CUTLINE_KAFKA_BROKERS`): killed with SIGKILL at
 //! random moments and, with `--kill-self-at`, in the commit window and at the other steps of the
-//! sink's protocol, then resumed. Word count emits every update of a word's count, so a
+//! sink's protocol, then resumed; in one process and on two workers, and (with feature `postgres`)
+//! into a PostgreSQL table. Word count emits every update of a word's count, so a
 //! `read_committed` consumer of the output must see each (word, n) for n = 1..count exactly once: a
 //! duplicate shows as a pair seen twice, a loss as a pair missing.
 #![cfg(all(unix, feature = "kafka"))]
@@ -134,6 +135,46 @@ fn wordcount_from_kafka_into_kafka_on_two_workers_killed_many_times_commits_ever
     );
     assert_each_update_once(&text, &output);
     eprintln!("kills {killed:?}; restored checkpoints {restored:?}");
+}
+
+/// Kafka -> word count -> PostgreSQL, the same drill: killed at random moments and at every step of
+/// the PostgreSQL sink's protocol while it reads a topic; the table must hold exactly the counts.
+#[cfg(feature = "postgres")]
+#[test]
+fn wordcount_from_kafka_into_postgres_killed_at_random_moments_then_resumed_holds_exactly_the_counts() {
+    use common::pg::{assert_exact_counts, psql, url};
+    let scratch = Scratch::new("kafka-pg-kill9");
+    // A large vocabulary, so that upserts cannot heal a lost transaction (see common/pg.rs).
+    let text = word_lines(23, 30_000, (1, 8), 20_000);
+    let input = topic("cli-pg-lines", 4);
+    produce_lines(&input, &text);
+    let input_url = format!("kafka://{}/{input}?bounded=true", brokers());
+    let table = "cli_kafka_counts";
+    psql(&format!("DROP TABLE IF EXISTS {table}"));
+    let output = format!("{}?table={table}", url());
+    let args: Vec<String> = [
+        "run",
+        "wordcount",
+        "--input",
+        &input_url,
+        "--output",
+        &output,
+        "--state",
+        &scratch.arg("state"),
+        "--parallelism",
+        "2",
+        "--checkpoint-interval",
+        "20ms",
+        "--line-delay-us",
+        "100",
+        "-v",
+    ]
+    .map(String::from)
+    .to_vec();
+    let drill = Drill { rounds: 8, kill_delay_ms: (300, 1200), time_limit: Duration::from_secs(240), seed: 9 };
+    let DrillReport { killed, restored } = kill_and_resume(&scratch, &args, &drill);
+    assert_exact_counts(&text, &input_url, table, &restored, &scratch.events("runs"));
+    eprintln!("{killed} kills, restored checkpoints {restored:?}");
 }
 
 /// A configuration error of a connector that a worker finds (here: an output topic that does not

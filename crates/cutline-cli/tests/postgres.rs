@@ -9,24 +9,9 @@ mod common;
 
 use common::cluster::Cluster;
 use common::drill::{kill_and_resume, Drill, DrillReport, SINK_STEPS};
-use common::{cutline, expected_counts, restored_checkpoints, word_lines, Scratch, XorShift};
-use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::Command;
+use common::pg::{assert_exact_counts, file_input, psql, url};
+use common::{cutline, restored_checkpoints, word_lines, Scratch, XorShift};
 use std::time::Duration;
-
-fn url() -> String {
-    std::env::var("CUTLINE_PG_URL").expect(
-        "CUTLINE_PG_URL is not set: run the tests with scripts/test, or eval \"$(scripts/pg-test-server)\" first",
-    )
-}
-
-/// One SQL query through `psql`, rows as `a|b` lines.
-fn psql(sql: &str) -> String {
-    let out = Command::new("psql").args([&url(), "-X", "-q", "-At", "-c", sql]).output().expect("run psql");
-    assert!(out.status.success(), "psql {sql}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
-}
 
 #[test]
 fn wordcount_into_postgres_killed_at_random_moments_then_resumed_holds_exactly_the_failure_free_counts() {
@@ -57,7 +42,7 @@ fn wordcount_into_postgres_killed_at_random_moments_then_resumed_holds_exactly_t
     .to_vec();
     let drill = Drill { rounds: 8, kill_delay_ms: (150, 900), time_limit: Duration::from_secs(180), seed: 7 };
     let DrillReport { killed, restored } = kill_and_resume(&scratch, &args, &drill);
-    assert_exact_counts(&text, &input, table, &restored);
+    assert_exact_counts(&text, &file_input(&input), table, &restored, &scratch.events("runs"));
     eprintln!("{killed} kills, restored checkpoints {restored:?}");
 }
 
@@ -111,50 +96,9 @@ fn wordcount_into_postgres_on_two_workers_killed_many_times_holds_exactly_the_fa
         killed.iter().any(|k| k.ends_with("killed itself")),
         "no worker killed itself at a step of the sink's protocol: {killed:?}"
     );
-    assert_exact_counts(&text, &input, table, &restored);
+    let events: Vec<_> = ["coordinator", "worker-0", "worker-1"].iter().flat_map(|l| scratch.events(l)).collect();
+    assert_exact_counts(&text, &file_input(&input), table, &restored, &events);
     eprintln!("kills {killed:?}; restored checkpoints {restored:?}");
-}
-
-/// `table` holds exactly the counts of the words of `text`, every restored checkpoint's
-/// transactions were committed, and nothing prepared is left over.
-fn assert_exact_counts(text: &str, input: &Path, table: &str, restored: &[u64]) {
-    let output = format!("{}?table={table}", url());
-    let got: BTreeMap<String, u64> = psql(&format!("SELECT word, count FROM {table}"))
-        .lines()
-        .map(|l| {
-            let (w, c) = l.split_once('|').unwrap();
-            (w.to_string(), c.parse().unwrap())
-        })
-        .collect();
-    let want = expected_counts(text);
-    let wrong: Vec<_> = want.iter().filter(|(w, c)| got.get(*w) != Some(c)).take(5).collect();
-    assert!(
-        got.len() == want.len() && wrong.is_empty(),
-        "{} words in the table, {} expected; first differences {wrong:?} (table has {:?})",
-        got.len(),
-        want.len(),
-        wrong.iter().map(|(w, _)| got.get(*w)).collect::<Vec<_>>()
-    );
-    // Upserts heal a lost transaction when a later one writes a newer count of the same word, so the
-    // inputs have a large vocabulary (each word about 9 times): a lost commit window then leaves
-    // words whose last update it held at an old count (seen: recovery that committed nothing failed
-    // here in both drills). The marker rows say it directly: some transaction of every restored
-    // checkpoint was committed, before the kill or by the recovery.
-    let name = cutline_cli::jobs::WordcountOutput::parse(&output).unwrap().name();
-    let fingerprint = format!("wordcount input={} output={name}", std::fs::canonicalize(input).unwrap().display());
-    let job = format!("{:016x}", cutline::stable_hash(fingerprint.as_str()));
-    for c in restored.iter().filter(|&&c| c > 0) {
-        let n = psql(&format!(
-            "SELECT count(*) FROM cutline_sink_commits WHERE job = '{job}' AND sink = 'output' AND checkpoint = {c}"
-        ));
-        assert_ne!(
-            n.trim(),
-            "0",
-            "restored checkpoint {c} was never committed: its output was lost in the commit window"
-        );
-    }
-    let left = psql("SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE 'cutline@%@output@%'");
-    assert_eq!(left.trim(), "0", "prepared transactions left over after the job finished");
 }
 
 #[test]

@@ -7,10 +7,11 @@ use super::{cutline, restored_checkpoints, wait_bounded, Scratch, XorShift};
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-/// The protocol steps the odd rounds aim at: the commit window (a checkpoint complete, its output
-/// not committed) twice as often as the others, halfway through committing, before preparing, and
-/// while recovering.
-pub const SINK_STEPS: [&str; 5] = ["sink-commit", "sink-commit-midway", "sink-commit", "sink-prepare", "sink-recover"];
+/// The protocol steps the odd rounds aim at, in this order (so that every drill of 8 rounds hits the
+/// commit window, whatever its seed): the commit window (a checkpoint complete, its output not
+/// committed), while recovering, halfway through committing, the commit window again, before
+/// preparing.
+pub const SINK_STEPS: [&str; 5] = ["sink-commit", "sink-recover", "sink-commit-midway", "sink-commit", "sink-prepare"];
 
 pub struct Drill {
     pub rounds: u32,
@@ -37,7 +38,9 @@ pub fn kill_and_resume(scratch: &Scratch, args: &[String], d: &Drill) -> DrillRe
         assert!(start.elapsed() < d.time_limit, "time limit exceeded in round {round}");
         let mut a = args.to_vec();
         if round % 2 == 1 {
-            a.extend(["--kill-self-at".into(), format!("{}:{}", rng.pick(&SINK_STEPS), rng.range(2, 12))]);
+            let step = SINK_STEPS[(round as usize / 2) % SINK_STEPS.len()];
+            let n = if step == "sink-recover" { 1 } else { rng.range(2, 12) };
+            a.extend(["--kill-self-at".into(), format!("{step}:{n}")]);
         }
         let mut child = cutline().args(&a).stdout(scratch.log("runs")).stderr(scratch.log("runs")).spawn().unwrap();
         if round % 2 == 0 {

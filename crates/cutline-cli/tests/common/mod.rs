@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 pub mod cluster;
 #[cfg(unix)]
 pub mod drill;
+#[cfg(all(unix, feature = "postgres"))]
+pub mod pg;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_cutline");
 

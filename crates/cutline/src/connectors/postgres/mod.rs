@@ -397,24 +397,27 @@ impl<T> PostgresSink<T> {
         Ok(())
     }
 
-    /// Commit one prepared transaction, or learn from its marker row that it was committed before.
-    /// Commit what checkpoint `txn` left: its prepared transaction, then its deferred rows.
-    fn commit_one(&mut self, txn: &PreparedTxn) -> ConnectorResult<()> {
-        self.commit_prepared(txn)?;
-        self.write_deferred(txn.checkpoint, &txn.deferred.0)
+    /// Commit what checkpoint `txn` left: its prepared transaction, then its deferred rows; true if
+    /// the transaction was still prepared (false: committed before, or none).
+    fn commit_one(&mut self, txn: &PreparedTxn) -> ConnectorResult<bool> {
+        let now = self.commit_prepared(txn)?;
+        self.write_deferred(txn.checkpoint, &txn.deferred.0)?;
+        Ok(now)
     }
 
-    fn commit_prepared(&mut self, txn: &PreparedTxn) -> ConnectorResult<()> {
+    /// Commit one prepared transaction (true), or learn from its marker row that it was committed
+    /// before (false).
+    fn commit_prepared(&mut self, txn: &PreparedTxn) -> ConnectorResult<bool> {
         if txn.gid.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let c = self.control()?;
         match c.batch_execute(&format!("COMMIT PREPARED {}", sql::literal(&txn.gid))) {
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(true),
             Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {
                 let c = self.control()?;
                 match c.query_opt(&format!("SELECT 1 FROM {MARKER_TABLE} WHERE gid = $1"), &[&txn.gid]) {
-                    Ok(Some(_)) => Ok(()), // committed before: commit is idempotent
+                    Ok(Some(_)) => Ok(false), // committed before: commit is idempotent
                     Ok(None) => Err(ConnectorError::permanent(format!(
                         "PostgreSQL sink: prepared transaction {} (checkpoint {}) is neither prepared nor \
                          committed: it was rolled back outside this job, and its output is lost",
@@ -445,7 +448,13 @@ impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
         let mut to_commit: Vec<&PreparedTxn> = to_commit.iter().collect();
         to_commit.sort_by_key(|t| t.checkpoint);
         for txn in to_commit {
-            self.commit_one(txn)?;
+            if self.commit_one(txn)? {
+                tracing::info!(
+                    event = "sink_recovered_commit",
+                    gid = %txn.gid,
+                    "committed a transaction the restored checkpoint prepared (its completion had not reached the sink)"
+                );
+            }
         }
         let prefix = self.prefix();
         let own = self.ctx().incarnation;
@@ -464,7 +473,11 @@ impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
             }
             let c = self.control()?;
             match c.batch_execute(&format!("ROLLBACK PREPARED {}", sql::literal(&gid))) {
-                Ok(()) => tracing::info!(%gid, "rolled back a transaction prepared after the restored checkpoint"),
+                Ok(()) => tracing::info!(
+                    event = "sink_rolled_back",
+                    %gid,
+                    "rolled back a transaction prepared after the restored checkpoint"
+                ),
                 Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {} // gone meanwhile
                 Err(e) => return Err(self.control_failed(&format!("ROLLBACK PREPARED {gid}"), e)),
             }
