@@ -58,6 +58,16 @@ pub trait Source: Send + 'static {
 
     /// Open for `subtask` of `parallelism`, at `restored` if the job restores from a checkpoint.
     fn open(&mut self, subtask: u32, parallelism: u32, restored: Option<Self::Offset>) -> ConnectorResult<()>;
+    /// The offset that `subtask` of `parallelism` restores from when the checkpoint was taken at
+    /// another parallelism: `old` holds the offset of every old subtask that had one. `None` (the
+    /// default): this source cannot change parallelism, and such a restore is refused at start.
+    fn rescale(old: Vec<Self::Offset>, subtask: u32, parallelism: u32) -> Option<Self::Offset>
+    where
+        Self: Sized,
+    {
+        let _ = (old, subtask, parallelism);
+        None
+    }
     /// Append up to `max` records to `out`, without blocking for long.
     fn poll(&mut self, out: &mut Vec<Self::Item>, max: usize) -> ConnectorResult<SourceStatus>;
     /// The position after the last record handed out by `poll`.

@@ -216,12 +216,31 @@ impl Job {
         let uid = uid.to_string();
         let chain: ChainFn<S::Item> = Arc::new(move |ctx, tail| {
             let mut s = make(&SourceContext { uid: uid.clone(), subtask: ctx.subtask, parallelism: ctx.parallelism });
-            let restored = match ctx.restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
-                Some(bytes) => Some(postcard::from_bytes::<S::Offset>(bytes).map_err(|e| TaskError::State {
-                    uid: uid.clone(),
-                    message: format!("decoding source offset: {e}"),
-                })?),
-                None => None,
+            let decode = |bytes: &[u8]| {
+                postcard::from_bytes::<S::Offset>(bytes)
+                    .map_err(|e| TaskError::State { uid: uid.clone(), message: format!("decoding source offset: {e}") })
+            };
+            // At another parallelism the source itself says where each new subtask resumes.
+            let restored = match ctx.restore.plain_rescaled(&uid, ctx.parallelism)? {
+                Some((old, parts)) => {
+                    let old_offsets = parts.into_iter().map(decode).collect::<Result<Vec<_>, _>>()?;
+                    match S::rescale(old_offsets, ctx.subtask, ctx.parallelism) {
+                        Some(o) => Some(o),
+                        None => {
+                            return Err(TaskError::State {
+                                uid: uid.clone(),
+                                message: format!(
+                                    "checkpoint has it at parallelism {old}, the job now asks for {}; this source cannot change parallelism (only keyed operators and sources that implement Source::rescale can)",
+                                    ctx.parallelism
+                                ),
+                            })
+                        }
+                    }
+                }
+                None => match ctx.restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
+                    Some(bytes) => Some(decode(bytes)?),
+                    None => None,
+                },
             };
             s.open(ctx.subtask, ctx.parallelism, restored)
                 .map_err(|error| TaskError::Source { uid: uid.clone(), error })?;

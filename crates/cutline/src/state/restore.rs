@@ -15,6 +15,9 @@ pub(crate) struct RestoredPart {
     pub state: ElementState,
 }
 
+/// The parallelism a checkpoint took a plain element at, and every old subtask's state of it.
+pub(crate) type OldParts<'a> = (u32, Vec<&'a [u8]>);
+
 /// The state of a whole checkpoint, indexed by element uid, shared by every task of a restoring job.
 #[derive(Debug, Default)]
 pub(crate) struct RestoreIndex {
@@ -63,6 +66,30 @@ impl RestoreIndex {
             }
         }
         Ok(None)
+    }
+
+    /// Plain state of `uid` taken at a parallelism other than `parallelism`: that parallelism and
+    /// every old subtask's state. `None` if the checkpoint has none, or has it at `parallelism`.
+    pub fn plain_rescaled(&self, uid: &str, parallelism: u32) -> Result<Option<OldParts<'_>>, TaskError> {
+        let Some(parts) = self.elements.get(uid) else {
+            return Ok(None);
+        };
+        let Some(old) = parts.first().map(|p| p.parallelism).filter(|p| *p != parallelism) else {
+            return Ok(None);
+        };
+        let mut states = Vec::new();
+        for p in parts {
+            match &p.state {
+                ElementState::Plain(b) if p.parallelism == old => states.push(&b[..]),
+                _ => return Err(TaskError::State {
+                    uid: uid.into(),
+                    message:
+                        "checkpoint holds keyed state, or parts at several parallelisms, where plain state is expected"
+                            .into(),
+                }),
+            }
+        }
+        Ok(Some((old, states)))
     }
 
     /// Every key group blob of keyed element `uid` that falls in `range`, from whichever old subtask

@@ -383,7 +383,7 @@ impl Source for KafkaSource {
                 for o in offsets.partitions {
                     if owner_of(&o.topic, o.partition, parallelism) != subtask {
                         return Err(ConnectorError::permanent(format!(
-                            "Kafka source: the checkpoint gives {}/{} to subtask {subtask} of {parallelism}, which does not read it: restoring at another parallelism is not supported yet",
+                            "Kafka source: the checkpoint gives {}/{} to subtask {subtask} of {parallelism}, which does not read it: the offsets are another subtask's",
                             o.topic, o.partition
                         )));
                     }
@@ -400,6 +400,19 @@ impl Source for KafkaSource {
         self.last_discovery = Instant::now();
         self.finished = false;
         Ok(())
+    }
+
+    /// Every partition the old subtasks read goes to its owner at the new parallelism, at its
+    /// position; partitions none of them read are discovered at open and read from their beginning.
+    fn rescale(old: Vec<KafkaOffsets>, subtask: u32, parallelism: u32) -> Option<KafkaOffsets> {
+        let mut partitions: Vec<PartitionOffset> = old
+            .into_iter()
+            .flat_map(|o| o.partitions)
+            .filter(|p| owner_of(&p.topic, p.partition, parallelism) == subtask)
+            .collect();
+        partitions.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        partitions.dedup_by(|a, b| a.topic == b.topic && a.partition == b.partition);
+        Some(KafkaOffsets { partitions })
     }
 
     fn poll(&mut self, out: &mut Vec<KafkaRecord>, max: usize) -> ConnectorResult<SourceStatus> {

@@ -36,6 +36,7 @@ pub use sql::{SqlValue, MAX_BATCH_ROWS};
 use super::sink::{of_a_newer_generation, Sink, SinkContext};
 use crate::error::{ConnectorError, ConnectorResult};
 use cutline_core::CheckpointId;
+pub use param::DeferredRows;
 use param::{Bind, Param};
 use postgres::error::SqlState;
 use postgres::{Client, Config};
@@ -125,21 +126,6 @@ pub struct PreparedTxn {
     pub checkpoint: u64,
     /// Rows it could not write yet (see the module documentation), written when it commits.
     pub deferred: DeferredRows,
-}
-
-/// Rows of a checkpoint that wait for an earlier checkpoint's commit (opaque).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct DeferredRows(Vec<Vec<Param>>);
-
-impl DeferredRows {
-    /// How many rows.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-    /// No rows.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 /// The function that turns a record into the values of its row, in the order of

@@ -54,6 +54,21 @@ pub(crate) enum Param {
     Text(String),
 }
 
+/// Rows of a checkpoint that wait for an earlier checkpoint's commit (opaque).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DeferredRows(pub(crate) Vec<Vec<Param>>);
+
+impl DeferredRows {
+    /// How many rows.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// No rows.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 impl SqlValue {
     /// This value for column `column` of type `ty`, bound as `bind`. A value of another kind is
     /// converted as the server would parse its text (`"42"` into a `bigint`, `7` into a `double

@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod source;
+
 fn brokers() -> String {
     std::env::var("CUTLINE_KAFKA_BROKERS").expect(
         "CUTLINE_KAFKA_BROKERS is not set: run the tests with scripts/test, or eval \"$(scripts/kafka-test-server)\" first",
@@ -116,98 +118,6 @@ fn values(rs: &[KafkaRecord]) -> Vec<String> {
         rs.iter().map(|r| String::from_utf8_lossy(r.value.as_deref().unwrap()).into_owned()).collect();
     v.sort();
     v
-}
-
-// ------------------------------------------------------------------------------------------------
-// The source, step by step
-// ------------------------------------------------------------------------------------------------
-
-#[test]
-fn subtasks_read_disjoint_partitions_that_together_are_the_whole_topic_and_resume_at_their_offsets() {
-    let t = topic("src-split", 5);
-    produce(&t, (0..500i32).map(|i| (i % 5, format!("k{i}"), format!("{i:04}"))));
-    let mut all = Vec::new();
-    for subtask in 0..2 {
-        let mut s = KafkaSource::new(KafkaSourceConfig::new(&brokers(), &[&t]).bounded());
-        s.open(subtask, 2, None).unwrap();
-        // Read part, take the offset, and resume a new instance from it: nothing lost or read twice.
-        let mut first = Vec::new();
-        while first.len() < 30 {
-            s.poll(&mut first, 7).unwrap();
-        }
-        let at: KafkaOffsets = s.offset();
-        for p in &at.partitions {
-            assert_eq!(owner_of(&p.topic, p.partition, 2), subtask, "subtask {subtask} holds {}", p.partition);
-        }
-        let mut resumed = KafkaSource::new(KafkaSourceConfig::new(&brokers(), &[&t]).bounded());
-        resumed.open(subtask, 2, Some(at)).unwrap();
-        let (rest, st) = drain(&mut resumed, Duration::from_secs(20));
-        assert_eq!(st, SourceStatus::Finished, "a bounded source finishes at the end offsets of its start");
-        for r in first.iter().chain(&rest) {
-            assert_eq!(owner_of(&r.topic, r.partition, 2), subtask);
-        }
-        all.extend(first);
-        all.extend(rest);
-    }
-    assert_eq!(values(&all), (0..500).map(|i| format!("{i:04}")).collect::<Vec<_>>());
-}
-
-#[test]
-fn start_positions_latest_given_offsets_and_timestamp_are_resolved_at_the_first_open() {
-    let t = topic("src-start", 1);
-    produce(&t, (0..10).map(|i| (0, "k".into(), format!("old{i}"))));
-    std::thread::sleep(Duration::from_millis(50));
-    let cut = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
-    std::thread::sleep(Duration::from_millis(50));
-
-    let mut latest = KafkaSourceConfig::new(&brokers(), &[&t]);
-    latest.start = StartPosition::Latest;
-    let mut l = KafkaSource::new(latest.clone());
-    l.open(0, 1, None).unwrap();
-    assert_eq!(l.offset().partitions[0].next, 10, "latest is resolved to the end offset at open");
-    produce(&t, (0..3).map(|i| (0, "k".into(), format!("new{i}"))));
-    let (got, _) = drain(&mut l, Duration::from_secs(3));
-    assert_eq!(values(&got), vec!["new0", "new1", "new2"]);
-
-    let mut given = KafkaSourceConfig::new(&brokers(), &[&t]).bounded();
-    given.start = StartPosition::Offsets(vec![(t.clone(), 0, 8)]);
-    let mut g = KafkaSource::new(given);
-    g.open(0, 1, None).unwrap();
-    assert_eq!(values(&drain(&mut g, Duration::from_secs(10)).0), vec!["new0", "new1", "new2", "old8", "old9"]);
-
-    let mut by_time = KafkaSourceConfig::new(&brokers(), &[&t]).bounded();
-    by_time.start = StartPosition::Timestamp(cut);
-    let mut ts = KafkaSource::new(by_time);
-    ts.open(0, 1, None).unwrap();
-    assert_eq!(values(&drain(&mut ts, Duration::from_secs(10)).0), vec!["new0", "new1", "new2"]);
-
-    let mut outside = KafkaSourceConfig::new(&brokers(), &[&t]);
-    outside.start = StartPosition::Offsets(vec![(t.clone(), 0, 99)]);
-    let e = KafkaSource::new(outside).open(0, 1, None).unwrap_err();
-    assert!(e.is_permanent() && e.message().contains("outside"), "{e}");
-}
-
-#[test]
-fn a_missing_topic_and_a_checkpoint_of_another_subtask_are_refused_with_what_to_do() {
-    let missing = format!("no-such-topic-{}", run_id());
-    let e = KafkaSource::new(KafkaSourceConfig::new(&brokers(), &[&missing])).open(0, 1, None).unwrap_err();
-    assert!(e.is_permanent() && e.message().contains("does not exist") && e.message().contains("create it"), "{e}");
-    let e =
-        string_sink(KafkaSinkConfig::exactly_once(&brokers(), &missing)).open(&sink_ctx("missing", 0, 1)).unwrap_err();
-    assert!(e.is_permanent() && e.message().contains("does not exist"), "{e}");
-
-    let t = topic("src-other", 2);
-    let mut s = KafkaSource::new(KafkaSourceConfig::new(&brokers(), &[&t]));
-    s.open(0, 2, None).unwrap();
-    let theirs = s.offset();
-    let mut other = KafkaSource::new(KafkaSourceConfig::new(&brokers(), &[&t]));
-    let e = other.open(1, 2, Some(theirs)).unwrap_err();
-    assert!(e.is_permanent() && e.message().contains("another parallelism"), "{e}");
-
-    let mut fixed = KafkaSourceConfig::new(&brokers(), &[&t]);
-    fixed.properties.push(("enable.auto.commit".into(), "true".into()));
-    let e = KafkaSource::new(fixed).open(0, 1, None).unwrap_err();
-    assert!(e.is_permanent() && e.message().contains("enable.auto.commit"), "{e}");
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -332,22 +242,38 @@ fn run_count_job(name: &str, input: &str, output: &str, exactly_once: bool, faul
 }
 
 fn run_count_job_on(brokers: &str, name: &str, input: &str, output: &str, exactly_once: bool, faults: Faults) -> u32 {
+    let dir = tempfile::tempdir().unwrap();
+    let graph = count_job(brokers, name, input, output, exactly_once, 2);
+    let report = cutline::run(&graph, config(dir.path(), &format!("{name}-{}", run_id()), faults)).unwrap();
+    report.restarts
+}
+
+/// The job of [`run_count_job`], its source at `source_parallelism` (the rest at 2).
+fn count_job(
+    brokers: &str,
+    name: &str,
+    input: &str,
+    output: &str,
+    exactly_once: bool,
+    source_parallelism: u32,
+) -> cutline::JobGraph {
     // The job's warnings (each failure that made it restart) go to the test's captured output.
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
         .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
         .try_init();
-    let dir = tempfile::tempdir().unwrap();
     let job = Job::new(name);
     job.set_parallelism(2);
     let source_cfg = KafkaSourceConfig::new(brokers, &[input]).bounded();
-    let records = job.source_from("in", move |_| KafkaSource::new(source_cfg.clone())).map(|r: KafkaRecord| {
-        // Slow enough for some 20 checkpoints in a run.
-        if r.offset % 50 == 0 {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        String::from_utf8(r.key.unwrap()).unwrap()
-    });
+    let records = job
+        .source_from_with_parallelism("in", source_parallelism, move |_| KafkaSource::new(source_cfg.clone()))
+        .map(|r: KafkaRecord| {
+            // Slow enough for some 20 checkpoints in a run.
+            if r.offset % 50 == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            String::from_utf8(r.key.unwrap()).unwrap()
+        });
     let counts =
         records.key_by(|k: &String| k.clone()).process("count", |k: &String, n: &mut Option<u64>, _: String, out| {
             let c = n.get_or_insert(0);
@@ -363,9 +289,7 @@ fn run_count_job_on(brokers: &str, name: &str, input: &str, output: &str, exactl
     // producer's (see ARCHITECTURE.md); the subtasks write disjoint partitions here.
     sink_cfg.partitioning = KafkaPartitioning::Fixed;
     counts.sink_from("out", move |_| string_sink(sink_cfg.clone()));
-    let graph = job.build().unwrap();
-    let report = cutline::run(&graph, config(dir.path(), &format!("{name}-{}", run_id()), faults)).unwrap();
-    report.restarts
+    job.build().unwrap()
 }
 
 /// Per key, how often each count was seen by a `read_committed` consumer of `output`.
