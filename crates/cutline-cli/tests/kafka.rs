@@ -9,9 +9,9 @@
 
 mod common;
 
-use common::cluster::Cluster;
-use common::drill::{kill_and_resume, Drill, DrillReport, SINK_STEPS};
-use common::{cutline, expected_counts, restored_checkpoints, word_lines, Scratch, XorShift};
+use common::cluster::{sink_chaos, Cluster};
+use common::drill::{kill_and_resume, Drill, DrillReport};
+use common::{cutline, expected_counts, word_lines, wordcount_job, Scratch};
 use cutline::testing::kafka_committed::read_committed;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -55,25 +55,7 @@ fn wordcount_from_kafka_into_kafka_killed_at_random_moments_then_resumed_commits
     let input_url = format!("kafka://{}/{input}?bounded=true", brokers());
     // Tansu 0.6.0 can lose the offsets of a transaction sharing a partition with another producer's.
     let output_url = format!("kafka://{}/{output}?partitioning=fixed", brokers());
-    let args: Vec<String> = [
-        "run",
-        "wordcount",
-        "--input",
-        &input_url,
-        "--output",
-        &output_url,
-        "--state",
-        &scratch.arg("state"),
-        "--parallelism",
-        "2",
-        "--checkpoint-interval",
-        "20ms",
-        "--line-delay-us",
-        "40",
-        "-v",
-    ]
-    .map(String::from)
-    .to_vec();
+    let args = wordcount_job(&input_url, &output_url, &scratch.arg("state"), "20ms", 40, &["-v"]);
     let drill = Drill { rounds: 8, kill_delay_ms: (300, 1200), time_limit: Duration::from_secs(240), seed: 5 };
     let DrillReport { killed, restored } = kill_and_resume(&scratch, &args, &drill);
     assert_each_update_once(&text, &output);
@@ -94,45 +76,8 @@ fn wordcount_from_kafka_into_kafka_on_two_workers_killed_many_times_commits_ever
     produce_lines(&input, &text);
     let input_url = format!("kafka://{}/{input}?bounded=true", brokers());
     let output_url = format!("kafka://{}/{output}?partitioning=fixed", brokers());
-    let job: Vec<String> = [
-        "run",
-        "wordcount",
-        "--input",
-        &input_url,
-        "--output",
-        &output_url,
-        "--state",
-        &scratch.arg("state"),
-        "--parallelism",
-        "2",
-        "--checkpoint-interval",
-        "30ms",
-        "--line-delay-us",
-        "500",
-        "--replacement-wait",
-        "3s",
-    ]
-    .map(String::from)
-    .to_vec();
-    let mut rng = XorShift::new(11);
-    let mut c = Cluster::start(&scratch, 2, &job);
-    // A generation takes about a second to deploy (the sinks fence and recover): kills are spaced
-    // so that most land once it runs, after the first checkpoint.
-    c.wait_for_checkpoints(1, Duration::from_secs(60));
-    let killed = c.chaos(&mut rng, 8, (900, 2200), &SINK_STEPS);
-    let status = c.wait(Duration::from_secs(180));
-    assert!(
-        status.success(),
-        "the coordinator failed ({status}) after kills {killed:?}; logs in {}",
-        scratch.dir.display()
-    );
-    let restored = restored_checkpoints(&scratch.events("coordinator"));
-    assert!(killed.len() >= 5, "the job finished before most kills ({killed:?}): make it longer");
-    assert!(!restored.is_empty(), "no generation restored a checkpoint after kills {killed:?}");
-    assert!(
-        killed.iter().any(|k| k.ends_with("killed itself")),
-        "no worker killed itself at a step of the sink's protocol: {killed:?}"
-    );
+    let job = wordcount_job(&input_url, &output_url, &scratch.arg("state"), "30ms", 500, &["--replacement-wait", "3s"]);
+    let (killed, restored) = sink_chaos(&scratch, &job, 11);
     assert_each_update_once(&text, &output);
     eprintln!("kills {killed:?}; restored checkpoints {restored:?}");
 }
@@ -152,25 +97,7 @@ fn wordcount_from_kafka_into_postgres_killed_at_random_moments_then_resumed_hold
     let table = "cli_kafka_counts";
     psql(&format!("DROP TABLE IF EXISTS {table}"));
     let output = format!("{}?table={table}", url());
-    let args: Vec<String> = [
-        "run",
-        "wordcount",
-        "--input",
-        &input_url,
-        "--output",
-        &output,
-        "--state",
-        &scratch.arg("state"),
-        "--parallelism",
-        "2",
-        "--checkpoint-interval",
-        "20ms",
-        "--line-delay-us",
-        "100",
-        "-v",
-    ]
-    .map(String::from)
-    .to_vec();
+    let args = wordcount_job(&input_url, &output, &scratch.arg("state"), "20ms", 100, &["-v"]);
     let drill = Drill { rounds: 8, kill_delay_ms: (300, 1200), time_limit: Duration::from_secs(240), seed: 9 };
     let DrillReport { killed, restored } = kill_and_resume(&scratch, &args, &drill);
     assert_exact_counts(&text, &input_url, table, &restored, &scratch.events("runs"));

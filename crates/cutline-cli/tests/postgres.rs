@@ -7,10 +7,10 @@
 
 mod common;
 
-use common::cluster::Cluster;
-use common::drill::{kill_and_resume, Drill, DrillReport, SINK_STEPS};
+use common::cluster::sink_chaos;
+use common::drill::{kill_and_resume, Drill, DrillReport};
 use common::pg::{assert_exact_counts, file_input, psql, url};
-use common::{cutline, restored_checkpoints, word_lines, Scratch, XorShift};
+use common::{cutline, word_lines, wordcount_job, Scratch};
 use std::time::Duration;
 
 #[test]
@@ -21,25 +21,7 @@ fn wordcount_into_postgres_killed_at_random_moments_then_resumed_holds_exactly_t
     let table = "cli_kill9_counts";
     psql(&format!("DROP TABLE IF EXISTS {table}"));
     let output = format!("{}?table={table}", url());
-    let args: Vec<String> = [
-        "run",
-        "wordcount",
-        "--input",
-        &input.display().to_string(),
-        "--output",
-        &output,
-        "--state",
-        &scratch.arg("state"),
-        "--parallelism",
-        "2",
-        "--checkpoint-interval",
-        "20ms",
-        "--line-delay-us",
-        "30",
-        "-v",
-    ]
-    .map(String::from)
-    .to_vec();
+    let args = wordcount_job(&input.display().to_string(), &output, &scratch.arg("state"), "20ms", 30, &["-v"]);
     let drill = Drill { rounds: 8, kill_delay_ms: (150, 900), time_limit: Duration::from_secs(180), seed: 7 };
     let DrillReport { killed, restored } = kill_and_resume(&scratch, &args, &drill);
     assert_exact_counts(&text, &file_input(&input), table, &restored, &scratch.events("runs"));
@@ -57,45 +39,15 @@ fn wordcount_into_postgres_on_two_workers_killed_many_times_holds_exactly_the_fa
     let table = "cli_cluster_counts";
     psql(&format!("DROP TABLE IF EXISTS {table}"));
     let output = format!("{}?table={table}", url());
-    let job: Vec<String> = [
-        "run",
-        "wordcount",
-        "--input",
+    let job = wordcount_job(
         &input.display().to_string(),
-        "--output",
         &output,
-        "--state",
         &scratch.arg("state"),
-        "--parallelism",
-        "2",
-        "--checkpoint-interval",
         "30ms",
-        "--line-delay-us",
-        "600",
-        "--replacement-wait",
-        "3s",
-    ]
-    .map(String::from)
-    .to_vec();
-    let mut rng = XorShift::new(13);
-    let mut c = Cluster::start(&scratch, 2, &job);
-    // A generation takes about a second to deploy (the sinks fence and recover): kills are spaced
-    // so that most land once it runs, after the first checkpoint.
-    c.wait_for_checkpoints(1, Duration::from_secs(60));
-    let killed = c.chaos(&mut rng, 8, (900, 2200), &SINK_STEPS);
-    let status = c.wait(Duration::from_secs(180));
-    assert!(
-        status.success(),
-        "the coordinator failed ({status}) after kills {killed:?}; logs in {}",
-        scratch.dir.display()
+        600,
+        &["--replacement-wait", "3s"],
     );
-    let restored = restored_checkpoints(&scratch.events("coordinator"));
-    assert!(killed.len() >= 5, "the job finished before most kills ({killed:?}): make it longer");
-    assert!(!restored.is_empty(), "no generation restored a checkpoint after kills {killed:?}");
-    assert!(
-        killed.iter().any(|k| k.ends_with("killed itself")),
-        "no worker killed itself at a step of the sink's protocol: {killed:?}"
-    );
+    let (killed, restored) = sink_chaos(&scratch, &job, 13);
     let events: Vec<_> = ["coordinator", "worker-0", "worker-1"].iter().flat_map(|l| scratch.events(l)).collect();
     assert_exact_counts(&text, &file_input(&input), table, &restored, &events);
     eprintln!("kills {killed:?}; restored checkpoints {restored:?}");

@@ -3,7 +3,7 @@
 //! (`coordinator.log`, `worker-<i>.log`), killed when the scenario ends; and a chaos loop that
 //! SIGKILLs them at seeded moments and starts them again.
 
-use super::{cutline, signal, wait_until, Scratch, XorShift};
+use super::{cutline, restored_checkpoints, signal, wait_until, Scratch, XorShift};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
@@ -160,6 +160,35 @@ impl<'a> Cluster<'a> {
         }
         killed
     }
+}
+
+/// The drill of an exactly-once sink on two workers: `job` (a `cutline run` command line without
+/// the cluster flags) runs on a cluster of 2; once its first checkpoint completed, 8 chaos rounds
+/// 0.9-2.2 s apart kill workers and the coordinator, every other killed worker aimed at a step of
+/// the sink's protocol (`SINK_STEPS`). Panics unless the job then finished, most kills landed, a
+/// checkpoint was restored and a worker killed itself at its step; the kills and the restored
+/// checkpoints.
+pub fn sink_chaos(scratch: &Scratch, job: &[String], seed: u64) -> (Vec<String>, Vec<u64>) {
+    let mut rng = XorShift::new(seed);
+    let mut c = Cluster::start(scratch, 2, job);
+    // A generation takes about a second to deploy (the sinks fence and recover): kills are spaced
+    // so that most land once it runs, after the first checkpoint.
+    c.wait_for_checkpoints(1, Duration::from_secs(60));
+    let killed = c.chaos(&mut rng, 8, (900, 2200), &super::drill::SINK_STEPS);
+    let status = c.wait(Duration::from_secs(180));
+    assert!(
+        status.success(),
+        "the coordinator failed ({status}) after kills {killed:?}; logs in {}",
+        scratch.dir.display()
+    );
+    let restored = restored_checkpoints(&scratch.events("coordinator"));
+    assert!(killed.len() >= 5, "the job finished before most kills ({killed:?}): make it longer");
+    assert!(!restored.is_empty(), "no generation restored a checkpoint after kills {killed:?}");
+    assert!(
+        killed.iter().any(|k| k.ends_with("killed itself")),
+        "no worker killed itself at a step of the sink's protocol: {killed:?}"
+    );
+    (killed, restored)
 }
 
 /// Longest a chaos round waits for a worker started with `--kill-self-at` to reach its point.

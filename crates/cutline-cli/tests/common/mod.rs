@@ -340,6 +340,26 @@ pub fn wait_bounded(child: &mut std::process::Child, scratch: &Scratch, what: &s
     }
 }
 
+/// `cutline run wordcount` from `input` into `output` with its state in `state`, at parallelism 2,
+/// checkpoints every `interval`, each line delayed `line_delay_us`, then `extra`.
+pub fn wordcount_job(
+    input: &str,
+    output: &str,
+    state: &str,
+    interval: &str,
+    line_delay_us: u32,
+    extra: &[&str],
+) -> Vec<String> {
+    let mut args: Vec<String> = ["run", "wordcount", "--input", input, "--output", output, "--state", state]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    args.extend(["--parallelism".into(), "2".into(), "--checkpoint-interval".into(), interval.into()]);
+    args.extend(["--line-delay-us".into(), line_delay_us.to_string()]);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
 pub fn expected_counts(text: &str) -> std::collections::BTreeMap<String, u64> {
     let mut m = std::collections::BTreeMap::new();
     for w in text.split_whitespace() {
