@@ -534,19 +534,7 @@ fn failures_at_every_step_of_the_sinks_protocol_leave_exactly_the_failure_free_r
         let (t, c) = (table(&format!("t_fault_{i}")), table(&format!("t_fault_{i}_counts")));
         // Fail the 2nd, 5th, 8th, ... time the run reaches `point`, at most 4 times. A sink recovers
         // only at a restore, so for that point every 60th batch fails too, 3 times at most.
-        let seen = Arc::new(AtomicU64::new(0));
-        let injected = Arc::new(AtomicU64::new(0));
-        let batches = Arc::new(AtomicU64::new(0));
-        let (s2, i2, b2) = (seen.clone(), injected.clone(), batches.clone());
-        let faults = Faults::new(move |p| {
-            if p == point {
-                return s2.fetch_add(1, Ordering::SeqCst) % 3 == 1 && i2.fetch_add(1, Ordering::SeqCst) < 4;
-            }
-            point == FaultPoint::SinkRecover
-                && p == FaultPoint::ProcessBatch
-                && b2.fetch_add(1, Ordering::SeqCst) % 60 == 59
-                && b2.load(Ordering::SeqCst) < 200
-        });
+        let (faults, injected) = cutline::testing::sink_step_faults(point, 60, 200);
         let restarts = run_job(&format!("pg-fault-{i}"), &t, &c, faults);
         let injected = injected.load(Ordering::SeqCst).min(4);
         assert!(injected > 0, "{point:?}: no failure was injected");

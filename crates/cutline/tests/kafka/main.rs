@@ -366,20 +366,8 @@ fn failures_at_every_step_of_the_sinks_protocol_leave_exactly_the_failure_free_r
     .enumerate()
     {
         let (i, o) = (input(&format!("job-fault{n}-in")), topic(&format!("job-fault{n}-out"), 3));
-        let seen = Arc::new(AtomicU64::new(0));
-        let injected = Arc::new(AtomicU64::new(0));
-        let batches = Arc::new(AtomicU64::new(0));
-        let (s2, i2, b2) = (seen.clone(), injected.clone(), batches.clone());
-        let faults = Faults::new(move |p| {
-            if p == point {
-                return s2.fetch_add(1, Ordering::SeqCst) % 3 == 1 && i2.fetch_add(1, Ordering::SeqCst) < 4;
-            }
-            // A sink recovers only at a restore: for that point, every 40th batch fails too.
-            point == FaultPoint::SinkRecover
-                && p == FaultPoint::ProcessBatch
-                && b2.fetch_add(1, Ordering::SeqCst) % 40 == 39
-                && b2.load(Ordering::SeqCst) < 150
-        });
+        // The 2nd, 5th, ... time at `point`; at a restore's recovery, every 40th batch fails too.
+        let (faults, injected) = cutline::testing::sink_step_faults(point, 40, 150);
         eprintln!("fault point {point:?}");
         let restarts = run_count_job(&format!("kafka-fault-{n}"), &i, &o, true, faults);
         assert!(injected.load(Ordering::SeqCst) > 0, "{point:?}: no failure was injected");
