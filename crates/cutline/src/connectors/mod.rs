@@ -21,7 +21,7 @@ mod source;
 pub use file_sink::{FileIdentity, PendingFile, TransactionalFileSink};
 pub use generator::GeneratorSource;
 pub use line_file::{LineFileSource, LineOffset, MAX_LINE_BYTES};
-pub use memory::{MemoryTxnSink, MemoryTxnStore};
+pub use memory::{MarkedEpoch, MemoryMarkerSink, MemoryTxnSink, MemoryTxnStore};
 pub use simple::{DiscardSink, PrintSink};
 pub use sink::{Sink, SinkContext};
 pub use source::{Source, SourceContext, SourceStatus};

@@ -1,7 +1,7 @@
 //! The simulated job and what a run without failures produces.
 
 use super::SimOptions;
-use crate::connectors::{GeneratorSource, MemoryTxnSink, MemoryTxnStore};
+use crate::connectors::{GeneratorSource, MemoryMarkerSink, MemoryTxnSink, MemoryTxnStore};
 use crate::dataflow::{Either, Job, JobGraph, KeyedProcess, Output};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -72,14 +72,21 @@ pub(super) fn sim_job(o: &SimOptions, out: Arc<Mutex<MemoryTxnStore>>) -> JobGra
     let right = job
         .source_with_parallelism("right", 1, GeneratorSource::new(o.right_records, move |i| (right_key(i, keys), i)))
         .forward("right-fwd");
-    left.union(rules)
+    let spread = left
+        .union(rules)
         .connect(right)
         .key_by(|l: &(u64, u64)| l.0, |r: &(u64, u64)| r.0)
         .process_with("join", Join)
         // A rebalance edge from 2 to 3 subtasks, then the sink fused into them.
         .rebalance("spread", 3)
-        .map(|s: String| s)
-        .sink("out", MemoryTxnSink::new(out));
+        .map(|s: String| s);
+    // The sink in the design of the PostgreSQL sink (prepared transactions) or the Kafka sink
+    // (records in the checkpoint, a marker written with them).
+    if o.marker_sink {
+        spread.sink("out", MemoryMarkerSink::new(out));
+    } else {
+        spread.sink("out", MemoryTxnSink::new(out));
+    }
     job.build().expect("sim job is valid")
 }
 

@@ -111,6 +111,10 @@ pub struct SimOptions {
     pub fault_point_ppm: u64,
     /// A storage write fails.
     pub storage_fail_ppm: u64,
+    /// The sink follows the Kafka sink's design (records in the checkpoint, a marker written with
+    /// them, older incarnations fenced: `MemoryMarkerSink`) instead of prepared transactions
+    /// (`MemoryTxnSink`, the PostgreSQL sink's design).
+    pub marker_sink: bool,
     /// Scheduler steps after which the run fails as a livelock or deadlock.
     pub max_steps: u64,
 }
@@ -131,6 +135,7 @@ impl Default for SimOptions {
             process_crash_ppm: 500,
             fault_point_ppm: 1_500,
             storage_fail_ppm: 20_000,
+            marker_sink: false,
             max_steps: 400_000,
         }
     }
