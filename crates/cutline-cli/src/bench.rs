@@ -169,9 +169,31 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// Run `graph` once to its end with checkpoints every `interval_ms` (`None`: only the final one),
+/// its checkpoints in a fresh directory that is removed afterwards; the seconds it took. A run that
+/// restarted is no measurement: an error, and no rate is printed.
+#[cfg(any(feature = "kafka", feature = "postgres"))]
+pub(crate) fn timed_engine_run(graph: &cutline::JobGraph, name: &str, interval_ms: Option<u64>) -> Result<f64> {
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
+    let dir = std::env::temp_dir().join(format!("cutline-bench-{}-{stamp}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mut cfg = RunConfig::new(Arc::new(LocalDirStore::open(&dir)?), format!("{name} {stamp}"));
+    cfg.checkpoint.interval_ms = interval_ms;
+    let start = Instant::now();
+    let report = cutline::run(graph, cfg);
+    let secs = start.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(&dir);
+    let report = report.map_err(|e| anyhow::anyhow!("{e}"))?;
+    if report.restarts > 0 {
+        bail!("the benchmark job restarted {} times: no rate printed", report.restarts);
+    }
+    Ok(secs)
+}
+
 /// Run `reps` pairs of measurements of the engine and of a bare loop, alternating which goes first,
 /// print each pair (after `label`, rates in `unit`s per second) and the medians. Each closure gets the
 /// repetition and returns a rate only after checking the work was done.
+#[cfg(any(feature = "kafka", feature = "postgres"))]
 pub(crate) fn interleaved_pairs(
     reps: u32,
     unit: &str,

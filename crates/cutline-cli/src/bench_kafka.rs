@@ -230,18 +230,7 @@ fn engine(s: &Setup, rep: u32, parallelism: u32) -> Result<f64> {
             )
         });
     let graph = job.build()?;
-    let dir = std::env::temp_dir().join(format!("cutline-bench-kafka-{}-{}-{rep}", std::process::id(), s.stamp));
-    std::fs::create_dir_all(&dir)?;
-    let mut cfg = RunConfig::new(Arc::new(LocalDirStore::open(&dir)?), format!("bench-kafka {} {rep}", s.stamp));
-    cfg.checkpoint.interval_ms = Some(s.interval_ms);
-    let start = Instant::now();
-    let report = cutline::run(&graph, cfg);
-    let secs = start.elapsed().as_secs_f64();
-    let _ = std::fs::remove_dir_all(&dir);
-    let report = report.map_err(|e| anyhow::anyhow!("{e}"))?;
-    if report.restarts > 0 {
-        bail!("the benchmark job restarted {} times: no rate printed", report.restarts);
-    }
+    let secs = crate::bench::timed_engine_run(&graph, &format!("bench-kafka {} {rep}", s.stamp), Some(s.interval_ms))?;
     check_output(s, &output, s.partitions)?;
     Ok(s.records as f64 / secs)
 }

@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use cutline::connectors::postgres::{PostgresSink, PostgresSinkConfig, RowFn, SqlValue};
-use cutline::{GeneratorSource, Job, LocalDirStore, RunConfig};
+use cutline::{GeneratorSource, Job};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -82,30 +82,10 @@ fn engine(url: &str, rows: u64, keys: u64, batch_rows: u64, interval: &str, rep:
     let job = Job::new("bench-postgres");
     job.source("rows", GeneratorSource::new(rows, move |i| (i % keys, i))).sink("pg", PostgresSink::new(config, row));
     let graph = job.build()?;
-    let dir = tempfile_dir()?;
-    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
-    let mut cfg = RunConfig::new(Arc::new(LocalDirStore::open(&dir)?), format!("bench-postgres {stamp} {rep}"));
-    cfg.checkpoint.interval_ms = crate::args::parse_interval(interval)?;
-    let start = Instant::now();
-    let report = cutline::run(&graph, cfg);
-    let secs = start.elapsed().as_secs_f64();
-    let _ = std::fs::remove_dir_all(&dir);
-    let report = report.map_err(|e| anyhow::anyhow!("{e}"))?;
-    if report.restarts > 0 {
-        bail!("the benchmark job restarted {} times: no rate printed", report.restarts);
-    }
+    let interval_ms = crate::args::parse_interval(interval)?;
+    let secs = crate::bench::timed_engine_run(&graph, &format!("bench-postgres {rep}"), interval_ms)?;
     check(&mut c, "bench_pg_engine", rows, keys)?;
     Ok(rows as f64 / secs)
-}
-
-fn tempfile_dir() -> Result<std::path::PathBuf> {
-    let d = std::env::temp_dir().join(format!("cutline-bench-pg-{}-{}", std::process::id(), rand_suffix()));
-    std::fs::create_dir_all(&d)?;
-    Ok(d)
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
 }
 
 /// Run `reps` interleaved pairs (engine, bare loop) and print every run and the medians.
