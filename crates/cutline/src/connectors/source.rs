@@ -60,13 +60,14 @@ pub trait Source: Send + 'static {
     fn open(&mut self, subtask: u32, parallelism: u32, restored: Option<Self::Offset>) -> ConnectorResult<()>;
     /// The offset that `subtask` of `parallelism` restores from when the checkpoint was taken at
     /// another parallelism: `old` holds the offset of every old subtask that had one. `None` (the
-    /// default): this source cannot change parallelism, and such a restore is refused at start.
-    fn rescale(old: Vec<Self::Offset>, subtask: u32, parallelism: u32) -> Option<Self::Offset>
+    /// default): this source cannot change parallelism, and such a restore is refused at start. An
+    /// error: the old offsets do not fit together (a damaged checkpoint).
+    fn rescale(old: Vec<Self::Offset>, subtask: u32, parallelism: u32) -> ConnectorResult<Option<Self::Offset>>
     where
         Self: Sized,
     {
         let _ = (old, subtask, parallelism);
-        None
+        Ok(None)
     }
     /// Append up to `max` records to `out`, without blocking for long.
     fn poll(&mut self, out: &mut Vec<Self::Item>, max: usize) -> ConnectorResult<SourceStatus>;

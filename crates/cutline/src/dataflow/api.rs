@@ -224,7 +224,9 @@ impl Job {
             let restored = match ctx.restore.plain_rescaled(&uid, ctx.parallelism)? {
                 Some((old, parts)) => {
                     let old_offsets = parts.into_iter().map(decode).collect::<Result<Vec<_>, _>>()?;
-                    match S::rescale(old_offsets, ctx.subtask, ctx.parallelism) {
+                    let rescaled = S::rescale(old_offsets, ctx.subtask, ctx.parallelism)
+                        .map_err(|error| TaskError::Source { uid: uid.clone(), error })?;
+                    match rescaled {
                         Some(o) => Some(o),
                         None => {
                             return Err(TaskError::State {

@@ -110,7 +110,7 @@ fn offsets_of_two_subtasks_resume_at_three_each_partition_once_at_its_position()
     produce(&t, (500..800i32).map(|i| (i % 5, format!("k{i}"), format!("{i:04}"))));
     let mut read_after = Vec::new();
     for subtask in 0..3 {
-        let restored = KafkaSource::rescale(old.clone(), subtask, 3).expect("the Kafka source rescales");
+        let restored = KafkaSource::rescale(old.clone(), subtask, 3).unwrap().expect("the Kafka source rescales");
         assert!(restored.partitions.iter().all(|p| owner_of(&t, p.partition, 3) == subtask), "{restored:?}");
         let mut s = KafkaSource::new(KafkaSourceConfig::new(&brokers(), &[&t]));
         s.open(subtask, 3, Some(restored)).unwrap();

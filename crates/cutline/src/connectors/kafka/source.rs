@@ -404,15 +404,22 @@ impl Source for KafkaSource {
 
     /// Every partition the old subtasks read goes to its owner at the new parallelism, at its
     /// position; partitions none of them read are discovered at open and read from their beginning.
-    fn rescale(old: Vec<KafkaOffsets>, subtask: u32, parallelism: u32) -> Option<KafkaOffsets> {
+    /// A partition that two old subtasks claim is a damaged checkpoint (which position is right?):
+    /// refused.
+    fn rescale(old: Vec<KafkaOffsets>, subtask: u32, parallelism: u32) -> ConnectorResult<Option<KafkaOffsets>> {
         let mut partitions: Vec<PartitionOffset> = old
             .into_iter()
             .flat_map(|o| o.partitions)
             .filter(|p| owner_of(&p.topic, p.partition, parallelism) == subtask)
             .collect();
         partitions.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
-        partitions.dedup_by(|a, b| a.topic == b.topic && a.partition == b.partition);
-        Some(KafkaOffsets { partitions })
+        if let Some(w) = partitions.windows(2).find(|w| w[0].topic == w[1].topic && w[0].partition == w[1].partition) {
+            return Err(ConnectorError::permanent(format!(
+                "Kafka source: the checkpoint gives {}/{} to two subtasks (at offsets {} and {}): it is damaged; restore an older checkpoint or start afresh",
+                w[0].topic, w[0].partition, w[0].next, w[1].next
+            )));
+        }
+        Ok(Some(KafkaOffsets { partitions }))
     }
 
     fn poll(&mut self, out: &mut Vec<KafkaRecord>, max: usize) -> ConnectorResult<SourceStatus> {
@@ -560,6 +567,25 @@ fn unread_partitions(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rescaled_offsets_go_to_the_new_owners_and_a_partition_claimed_twice_is_refused() {
+        let at = |partition: i32, next: i64| PartitionOffset { topic: "t".into(), partition, next, end: None };
+        let old =
+            vec![KafkaOffsets { partitions: vec![at(0, 5), at(2, 7)] }, KafkaOffsets { partitions: vec![at(1, 9)] }];
+        let mut got = Vec::new();
+        for subtask in 0..3 {
+            let o = KafkaSource::rescale(old.clone(), subtask, 3).unwrap().unwrap();
+            assert!(o.partitions.iter().all(|p| owner_of("t", p.partition, 3) == subtask));
+            got.extend(o.partitions.into_iter().map(|p| (p.partition, p.next)));
+        }
+        got.sort();
+        assert_eq!(got, vec![(0, 5), (1, 9), (2, 7)], "every partition once, at its position");
+        let twice = vec![KafkaOffsets { partitions: vec![at(1, 3)] }, KafkaOffsets { partitions: vec![at(1, 9)] }];
+        let owner = owner_of("t", 1, 2);
+        let e = KafkaSource::rescale(twice, owner, 2).unwrap_err();
+        assert!(e.is_permanent() && e.message().contains("to two subtasks"), "{e}");
+    }
 
     #[test]
     fn partitions_added_to_a_topic_go_to_their_owners_once_and_the_owners_cover_every_partition() {
