@@ -68,3 +68,15 @@ fn a_postgres_output_without_a_table_is_refused_before_anything_starts() {
     assert!(stderr.contains("?table=NAME"), "{stderr}");
     assert!(!stderr.contains("hunter2"), "the password was printed: {stderr}");
 }
+
+#[test]
+fn bench_postgres_prints_rates_only_for_tables_it_checked() {
+    let out = cutline()
+        .args(["bench-postgres", "--url", &url(), "--rows", "5000", "--keys", "1000", "--reps", "1"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("rows=5000") && stdout.contains("verified=both"), "{stdout}");
+    assert!(stdout.contains("median engine_rows_per_s="), "{stdout}");
+}
