@@ -10,6 +10,7 @@
 //! - [`coordinator`]: the checkpoint coordinator machine.
 //! - [`restart`]: restart strategies and the choice of the checkpoint to restore.
 //! - [`lifecycle`]: the life of one run: start, restore, claim, deploy, run, fail over and restart.
+//! - [`watermark`]: event time, watermark messages, and the per-task combination of input watermarks.
 
 #![warn(missing_docs)]
 
@@ -19,5 +20,6 @@ pub mod coordinator;
 pub mod ids;
 pub mod lifecycle;
 pub mod restart;
+pub mod watermark;
 
 pub use ids::*;

@@ -54,11 +54,12 @@ pub use connectors::{
 pub use cutline_core::barrier::{Alignment, CheckpointMode, SnapshotKind};
 pub use cutline_core::coordinator::CheckpointConfig;
 pub use cutline_core::restart::RestartStrategy;
+pub use cutline_core::watermark::{EventTime, WatermarkUpdate};
 pub use cutline_core::{CheckpointId, Generation};
 pub use cutline_storage::{CheckpointStore, GenerationRecord, LocalDirStore, Manifest, MemStore};
 pub use dataflow::{
     ConnectedStreams, EdgeKind, Either, GraphError, Job, JobGraph, KeyedProcess, KeyedStream, Output, Stream,
-    DEFAULT_BATCH_SIZE,
+    WatermarkStrategy, Window, WindowedStream, Windows, DEFAULT_BATCH_SIZE, WATERMARK_EVERY_RECORDS,
 };
 pub use error::{ConnectorError, ConnectorResult, TaskError};
 #[cfg(feature = "testing")]

@@ -5,6 +5,7 @@
 
 use super::{Data, Message, Rx, Taken, Tx};
 use cutline_core::barrier::Barrier;
+use cutline_core::watermark::WatermarkUpdate;
 
 /// Identifies one channel of the job: edge index, upstream subtask, downstream subtask.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -19,6 +20,7 @@ pub(crate) enum Out {
     Empty,
     /// A data batch, encoded into the caller's buffer.
     Data,
+    Watermark(WatermarkUpdate),
     Barrier(Barrier),
     End,
     /// The upstream task is gone without end-of-stream (it failed or was cancelled).
@@ -44,6 +46,7 @@ pub(crate) trait InPump: Send {
 
 /// A control marker on a data channel.
 pub(crate) enum Marker {
+    Watermark(WatermarkUpdate),
     Barrier(Barrier),
     End,
 }
@@ -64,6 +67,7 @@ impl<T: Data> OutPump for OutEnd<T> {
                 *buf = bytes;
                 Out::Data
             }
+            Taken::Msg(Message::Watermark(w)) => Out::Watermark(w),
             Taken::Msg(Message::Barrier(b)) => Out::Barrier(b),
             Taken::Msg(Message::End) => Out::End,
             Taken::Overtook { .. } => unreachable!("the pump never lets a barrier overtake"),
@@ -82,6 +86,7 @@ impl<T: Data> InPump for InEnd<T> {
     }
     fn push(&mut self, marker: Marker) -> Result<(), String> {
         let m = match marker {
+            Marker::Watermark(w) => Message::Watermark(w),
             Marker::Barrier(b) => Message::Barrier(b),
             Marker::End => Message::End,
         };

@@ -11,8 +11,9 @@
 //! It does not decide anything about checkpoints: whether a barrier may overtake queued data is the
 //! aligner's call, passed in as a predicate.
 
-use super::{Message, Waker};
+use super::{InFlight, Message, Waker};
 use cutline_core::barrier::Barrier;
+use cutline_core::watermark::WatermarkUpdate;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,7 +22,7 @@ struct Queue<T> {
     msgs: VecDeque<Message<T>>,
     /// Data batches in `msgs`.
     batches: usize,
-    /// Barriers and end-of-stream markers in `msgs`.
+    /// Barriers and end-of-stream markers in `msgs` (watermarks are neither batches nor markers).
     markers: usize,
     sender_gone: bool,
     receiver_gone: bool,
@@ -91,13 +92,25 @@ impl<T> Tx<T> {
             return Err(Disconnected);
         }
         let was_empty = q.msgs.is_empty();
-        let marker = !matches!(m, Message::Data(_));
-        if marker {
-            q.markers += 1;
-        } else {
-            q.batches += 1;
-            s.batches.store(q.batches as u64, Ordering::Relaxed);
-            s.high_water.fetch_max(q.batches as u64, Ordering::Relaxed);
+        let marker = matches!(m, Message::Barrier(_) | Message::End);
+        match &m {
+            Message::Data(_) => {
+                q.batches += 1;
+                s.batches.store(q.batches as u64, Ordering::Relaxed);
+                s.high_water.fetch_max(q.batches as u64, Ordering::Relaxed);
+            }
+            Message::Watermark(w) => {
+                // Watermarks only grow: one queued right before this one says less than it, so it is
+                // replaced (keeping at most one watermark between two other messages). An `At` after
+                // `Idle` replaces it too (active again at that time); `Idle` after `At` does not.
+                if let Some(Message::Watermark(prev)) = q.msgs.back_mut() {
+                    if matches!(w, WatermarkUpdate::At(_)) || *prev == WatermarkUpdate::Idle {
+                        *prev = *w;
+                        return Ok(());
+                    }
+                }
+            }
+            Message::Barrier(_) | Message::End => q.markers += 1,
         }
         q.msgs.push_back(m);
         drop(q);
@@ -133,11 +146,12 @@ impl<T> Drop for Tx<T> {
 pub(crate) enum Taken<T> {
     Empty,
     Msg(Message<T>),
-    /// A barrier taken ahead of the data batches queued before it, which stay queued; `ahead` holds
-    /// them encoded (the channel state of this input for the barrier's checkpoint).
+    /// A barrier taken ahead of the data batches and watermarks queued before it, which stay queued;
+    /// `ahead` holds them in order, batches encoded (the channel state of this input for the
+    /// barrier's checkpoint).
     Overtook {
         barrier: Barrier,
-        ahead: Vec<Vec<u8>>,
+        ahead: Vec<InFlight>,
     },
     /// The producer is gone without end-of-stream.
     Disconnected,
@@ -147,6 +161,8 @@ impl<T> Rx<T> {
     /// Take the next message; or, if the first marker in the queue is a barrier behind data and
     /// `overtake` allows it, that barrier (encoding the data ahead of it with `encode`). With `data`
     /// false (the task has no output credit), only a barrier or end-of-stream is taken.
+    /// (Markers are barriers and end-of-stream; a watermark is neither, and is overtaken with the
+    /// data around it.)
     pub fn poll(
         &self,
         overtake: &dyn Fn(&Barrier) -> bool,
@@ -156,7 +172,11 @@ impl<T> Rx<T> {
         let s = &self.0;
         let mut q = s.lock();
         if q.markers > 0 && !matches!(q.msgs.front(), Some(Message::Barrier(_) | Message::End)) {
-            let at = q.msgs.iter().position(|m| !matches!(m, Message::Data(_))).expect("a marker is queued");
+            let at = q
+                .msgs
+                .iter()
+                .position(|m| matches!(m, Message::Barrier(_) | Message::End))
+                .expect("a marker is queued");
             if let Message::Barrier(b) = &q.msgs[at] {
                 if overtake(b) {
                     let b = *b;
@@ -167,8 +187,9 @@ impl<T> Rx<T> {
                         .iter()
                         .take(at)
                         .map(|m| match m {
-                            Message::Data(batch) => encode(batch),
-                            _ => unreachable!("only data ahead of the first marker"),
+                            Message::Data(batch) => InFlight::Batch(encode(batch)),
+                            Message::Watermark(w) => InFlight::Watermark(*w),
+                            _ => unreachable!("only data and watermarks ahead of the first marker"),
                         })
                         .collect();
                     q.measured = (0, 0);
@@ -176,7 +197,8 @@ impl<T> Rx<T> {
                 }
             }
         }
-        if !data && matches!(q.msgs.front(), Some(Message::Data(_))) {
+        // A watermark waits for credit like data: it may fire timers, whose output needs room.
+        if !data && matches!(q.msgs.front(), Some(Message::Data(_) | Message::Watermark(_))) {
             return Taken::Empty;
         }
         match q.msgs.pop_front() {
@@ -190,7 +212,8 @@ impl<T> Rx<T> {
                         // freed slot: it then refills in a burst instead of waking once per batch.
                         q.batches == s.capacity / 2
                     }
-                    _ => {
+                    Message::Watermark(_) => false,
+                    Message::Barrier(_) | Message::End => {
                         q.markers -= 1;
                         false
                     }
@@ -322,7 +345,9 @@ mod tests {
     #[test]
     fn an_allowed_barrier_overtakes_queued_data_which_stays_queued_in_order() {
         let (tx, rx) = channel::<u32>(8, Waker::new(), Waker::new(), "x".into());
+        let wm = |t| WatermarkUpdate::At(cutline_core::watermark::EventTime(t));
         tx.push(Message::Data(vec![1, 2])).unwrap();
+        tx.push(Message::Watermark(wm(10))).unwrap();
         tx.push(Message::Data(vec![3])).unwrap();
         tx.push(Message::Barrier(barrier(5))).unwrap();
         tx.push(Message::Data(vec![4])).unwrap();
@@ -330,18 +355,42 @@ mod tests {
         match rx.poll(&|b| b.checkpoint == CheckpointId(5), &enc, false) {
             Taken::Overtook { barrier, ahead } => {
                 assert_eq!(barrier.checkpoint, CheckpointId(5));
-                assert_eq!(ahead, vec![vec![1u8, 2], vec![3]]);
+                let expected =
+                    vec![InFlight::Batch(vec![1u8, 2]), InFlight::Watermark(wm(10)), InFlight::Batch(vec![3])];
+                assert_eq!(ahead, expected, "the watermark is channel state too, in its place");
             }
             _ => panic!("expected an overtaking barrier"),
         }
         // Barrier 6 may never jump barrier 5 or the data between them: only the first marker is eligible.
         let order: Vec<String> = std::iter::from_fn(|| match rx.poll(&|_| false, &enc, true) {
             Taken::Msg(Message::Data(v)) => Some(format!("{v:?}")),
+            Taken::Msg(Message::Watermark(w)) => Some(format!("{w:?}")),
             Taken::Msg(Message::Barrier(b)) => Some(format!("b{}", b.checkpoint.0)),
             _ => None,
         })
         .collect();
-        assert_eq!(order, ["[1, 2]", "[3]", "[4]", "b6"]);
+        assert_eq!(order, ["[1, 2]", "At(EventTime(10))", "[3]", "[4]", "b6"]);
+    }
+
+    #[test]
+    fn consecutive_watermarks_are_kept_as_the_newest_and_wait_for_credit_like_data() {
+        let (tx, rx) = channel::<u32>(8, Waker::new(), Waker::new(), "x".into());
+        let wm = |t| WatermarkUpdate::At(cutline_core::watermark::EventTime(t));
+        tx.push(Message::Watermark(wm(1))).unwrap();
+        tx.push(Message::Watermark(wm(2))).unwrap();
+        tx.push(Message::Watermark(WatermarkUpdate::Idle)).unwrap();
+        tx.push(Message::Watermark(WatermarkUpdate::Idle)).unwrap();
+        tx.push(Message::Data(vec![7])).unwrap();
+        tx.push(Message::Watermark(WatermarkUpdate::Idle)).unwrap();
+        tx.push(Message::Watermark(wm(3))).unwrap();
+        assert!(matches!(rx.poll(&|_| false, &enc, false), Taken::Empty), "no credit: the watermark waits");
+        let order: Vec<String> = std::iter::from_fn(|| match rx.poll(&|_| false, &enc, true) {
+            Taken::Msg(Message::Data(v)) => Some(format!("{v:?}")),
+            Taken::Msg(Message::Watermark(w)) => Some(format!("{w:?}")),
+            _ => None,
+        })
+        .collect();
+        assert_eq!(order, ["At(EventTime(2))", "Idle", "[7]", "At(EventTime(3))"]);
     }
 
     #[test]

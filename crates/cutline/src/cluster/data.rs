@@ -17,6 +17,7 @@ use super::wire::{FrameReader, FrameWriter, WireError};
 use crate::channel::pump::{InPump, Marker, Out, OutPump};
 use crate::channel::Waker;
 use cutline_core::barrier::Barrier;
+use cutline_core::watermark::WatermarkUpdate;
 use std::io::{BufReader, BufWriter, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -29,6 +30,7 @@ const KIND_DATA: u8 = 1;
 const KIND_BARRIER: u8 = 2;
 const KIND_END: u8 = 3;
 const KIND_CREDIT: u8 = 4;
+const KIND_WATERMARK: u8 = 5;
 
 /// Longest sleep of a link thread with nothing to do (rings wake it earlier; this bounds a lost ring).
 const LINK_IDLE_WAIT_MS: u64 = 10;
@@ -190,6 +192,13 @@ pub(crate) fn start_sender(
                                 header(i as u32, &bytes, &mut msg);
                                 writer.write(&mut w, KIND_BARRIER, &msg)
                             }
+                            // Without credit: at most one watermark sits between two other messages
+                            // of a channel (the queue keeps the newest), so they are bounded by them.
+                            Out::Watermark(wm) => {
+                                let bytes = postcard::to_allocvec(&wm).expect("a watermark serialises");
+                                header(i as u32, &bytes, &mut msg);
+                                writer.write(&mut w, KIND_WATERMARK, &msg)
+                            }
                             Out::End => {
                                 done[i] = true;
                                 ended.fetch_add(1, Ordering::SeqCst);
@@ -277,6 +286,10 @@ pub(crate) fn start_receiver(
                     KIND_BARRIER => match postcard::from_bytes::<Barrier>(body) {
                         Ok(b) => p.push(Marker::Barrier(b)),
                         Err(e) => Err(format!("a barrier does not decode: {e}")),
+                    },
+                    KIND_WATERMARK => match postcard::from_bytes::<WatermarkUpdate>(body) {
+                        Ok(wm) => p.push(Marker::Watermark(wm)),
+                        Err(e) => Err(format!("a watermark does not decode: {e}")),
                     },
                     KIND_END => {
                         ended += 1;
@@ -382,6 +395,8 @@ mod tests {
         match rx.poll(&|_| false, &|_| Vec::new(), data) {
             Taken::Msg(Message::Data(v)) => Some(format!("{v:?}")),
             Taken::Msg(Message::Barrier(b)) => Some(format!("b{}", b.checkpoint.0)),
+            Taken::Msg(Message::Watermark(WatermarkUpdate::At(t))) => Some(format!("w{}", t.0)),
+            Taken::Msg(Message::Watermark(WatermarkUpdate::Idle)) => Some("idle".into()),
             Taken::Msg(Message::End) => Some("end".into()),
             Taken::Disconnected => Some("gone".into()),
             _ => None,
@@ -454,6 +469,27 @@ mod tests {
             order.last().is_some_and(|m| m == "end")
         });
         assert_eq!(order, ["[100]", "[101]", "b7", "end"]);
+    }
+
+    #[test]
+    fn watermarks_cross_in_their_place_between_records_and_barriers() {
+        let (up, down, _s, _r) = bridge();
+        let wm = |t| Message::Watermark(WatermarkUpdate::At(cutline_core::watermark::EventTime(t)));
+        up.push(Message::Data(vec![1])).unwrap();
+        up.push(wm(5)).unwrap();
+        up.push(Message::Data(vec![2])).unwrap();
+        up.push(Message::Watermark(WatermarkUpdate::Idle)).unwrap();
+        up.push(Message::Barrier(barrier(3))).unwrap();
+        up.push(wm(9)).unwrap();
+        up.push(Message::End).unwrap();
+        let mut order = Vec::new();
+        wait_for("everything", || {
+            if let Some(m) = take(&down, true) {
+                order.push(m);
+            }
+            order.last().is_some_and(|m| m == "end")
+        });
+        assert_eq!(order, ["[1]", "w5", "[2]", "idle", "b3", "w9", "end"]);
     }
 
     #[test]

@@ -132,6 +132,11 @@ impl Job {
         self
     }
 
+    /// A problem found while building, reported by [`Job::build`].
+    pub(super) fn push_error(&self, problem: String) {
+        self.inner.borrow_mut().errors.push(problem);
+    }
+
     pub(super) fn add_stage(&self, uid: String, parallelism: u32, state_uids: Vec<String>) -> usize {
         let mut b = self.inner.borrow_mut();
         if !valid_uid(&uid) {
@@ -298,6 +303,14 @@ impl<T: Send + 'static> Stream<T> {
         self,
         wrap: impl Fn(Box<dyn Emit<U>>) -> Box<dyn Emit<T>> + Send + Sync + 'static,
     ) -> Stream<U> {
+        self.map_parts_ctx(move |_, next| Ok(wrap(next)))
+    }
+
+    /// Like `map_parts`, with the stage's context (for elements that restore state).
+    pub(super) fn map_parts_ctx<U: Send + 'static>(
+        self,
+        wrap: impl Fn(&StageCtx<'_>, Box<dyn Emit<U>>) -> Result<Box<dyn Emit<T>>, TaskError> + Send + Sync + 'static,
+    ) -> Stream<U> {
         let wrap = Arc::new(wrap);
         let parts = self
             .parts
@@ -305,11 +318,32 @@ impl<T: Send + 'static> Stream<T> {
             .map(|p| {
                 let prev = p.chain.clone();
                 let wrap = wrap.clone();
-                let chain: ChainFn<U> = Arc::new(move |ctx, tail| prev(ctx, wrap(tail)));
+                let chain: ChainFn<U> = Arc::new(move |ctx, tail| {
+                    let head = wrap(ctx, tail)?;
+                    prev(ctx, head)
+                });
                 Part { stage: p.stage, chain }
             })
             .collect();
         Stream { job: self.job, parts }
+    }
+
+    /// Name a state element of a chain element fused into this stream's stage (one stage only:
+    /// the same id in two stages would share state).
+    pub(super) fn register_state_uid(&self, uid: &str) {
+        let mut b = self.job.inner.borrow_mut();
+        if !valid_uid(uid) {
+            b.errors.push(format!("id {uid:?} must be 1-128 characters of [A-Za-z0-9_.-]"));
+        }
+        if self.parts.len() != 1 {
+            b.errors.push(format!("{uid:?} is applied to a union of {} streams; apply it to each", self.parts.len()));
+        }
+        if b.stages.iter().any(|s| s.state_uids.iter().any(|u| u == uid)) {
+            b.errors.push(format!("two operators share the id {uid:?}"));
+        }
+        if let Some(p) = self.parts.first() {
+            b.stages[p.stage].state_uids.push(uid.to_string());
+        }
     }
 
     /// Transform every record (fused into the producing stage).

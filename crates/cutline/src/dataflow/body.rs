@@ -5,11 +5,12 @@
 
 use super::emit::Emit;
 use super::graph::StageCtx;
-use crate::channel::{Data, Message, Rx, Taken};
+use crate::channel::{Data, InFlight, Message, Rx, Taken};
 use crate::connectors::{Source, SourceStatus};
 use crate::error::{ConnectorError, TaskError};
 use crate::state::{encode_plain, ElementState, SnapshotBuilder, StateImage};
 use cutline_core::barrier::Barrier;
+use cutline_core::watermark::{EventTime, WatermarkImage, WatermarkTracker, WatermarkUpdate};
 use cutline_core::CheckpointId;
 use std::collections::VecDeque;
 
@@ -17,15 +18,15 @@ use std::collections::VecDeque;
 #[derive(Debug)]
 pub(crate) enum Polled {
     Empty,
-    /// A batch was read and pushed through the chain; `recorded` is its encoding when the task asked
-    /// for it (the input records channel state).
+    /// A batch or a watermark was read and pushed through the chain; `recorded` is it as channel
+    /// state when the task asked for it (the input records channel state).
     Data {
-        recorded: Option<Vec<u8>>,
+        recorded: Option<InFlight>,
     },
-    /// A barrier; `overtaken` holds the encoded batches it overtook (still queued, read later).
+    /// A barrier; `overtaken` holds the batches and watermarks it overtook (still queued, read later).
     Barrier {
         barrier: Barrier,
-        overtaken: Vec<Vec<u8>>,
+        overtaken: Vec<InFlight>,
     },
     End,
     /// The upstream went away without end-of-stream: it failed or is being torn down.
@@ -55,6 +56,11 @@ pub(crate) trait TaskBody: Send {
     fn has_credit(&self) -> bool;
     /// Sources: read up to one batch and push it through the chain.
     fn poll_source(&mut self) -> Result<SourceStatus, TaskError>;
+    /// Sources: the input is exhausted; event time ends ([`EventTime::MAX`] goes down the chain,
+    /// so every timer downstream fires before the final checkpoint).
+    fn on_source_exhausted(&mut self) -> Result<(), TaskError>;
+    /// Sources: the source has produced nothing for `idle_ms` milliseconds.
+    fn on_source_idle(&mut self, idle_ms: u64) -> Result<(), TaskError>;
     /// Add this body's state (source offset, chain elements) and forward the barrier.
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError>;
     /// The final barrier aligned: the chain emits what waits for the end of input (before the
@@ -73,8 +79,10 @@ pub(crate) trait TaskBody: Send {
 pub(crate) struct InputBody<T> {
     inputs: Vec<Rx<T>>,
     head: Box<dyn Emit<T>>,
-    /// Restored channel state per input (encoded batches), replayed before anything new on that input.
-    replay: Vec<VecDeque<Vec<u8>>>,
+    /// Restored channel state per input, replayed before anything new on that input.
+    replay: Vec<VecDeque<InFlight>>,
+    /// The inputs' watermarks combined into this task's (checkpointed).
+    watermarks: WatermarkTracker,
     /// The end-of-input hooks ran (in this incarnation, or before the restored checkpoint).
     input_ended: bool,
     stage_uid: String,
@@ -84,8 +92,56 @@ impl<T: Data> InputBody<T> {
     /// The body of one task reading `inputs`, with the channel state the restored checkpoint holds
     /// for it (see [`channel_state_uid`]).
     pub fn new(ctx: &StageCtx<'_>, inputs: Vec<Rx<T>>, head: Box<dyn Emit<T>>) -> Result<InputBody<T>, TaskError> {
-        let uid = channel_state_uid(&ctx.stage_uid);
-        let mut replay: Vec<VecDeque<Vec<u8>>> = inputs.iter().map(|_| VecDeque::new()).collect();
+        let mut replay: Vec<VecDeque<InFlight>> = inputs.iter().map(|_| VecDeque::new()).collect();
+        for (uid, batches_only) in
+            [(channel_state_uid(&ctx.stage_uid), false), (legacy_channel_state_uid(&ctx.stage_uid), true)]
+        {
+            restore_channel_state(ctx, &uid, batches_only, &mut replay)?;
+        }
+        let watermarks = restore_watermarks(ctx, inputs.len())?;
+        Ok(InputBody {
+            inputs,
+            head,
+            replay,
+            watermarks,
+            input_ended: ended_before(ctx),
+            stage_uid: ctx.stage_uid.clone(),
+        })
+    }
+}
+
+/// The task's watermarks as the restored checkpoint has them; at another parallelism the lowest of
+/// the old subtasks' (no input is assumed ahead of any old subtask).
+fn restore_watermarks(ctx: &StageCtx<'_>, inputs: usize) -> Result<WatermarkTracker, TaskError> {
+    let uid = watermarks_uid(&ctx.stage_uid);
+    let decode = |bytes: &[u8]| {
+        postcard::from_bytes::<WatermarkImage>(bytes)
+            .map_err(|e| TaskError::State { uid: uid.clone(), message: format!("decoding watermarks: {e}") })
+    };
+    if let Some((old_parallelism, old)) = ctx.restore.plain_rescaled(&uid, ctx.parallelism)? {
+        // An old subtask that recorded nothing had heard no watermark: the lowest is then MIN.
+        let mut current = if old.len() < old_parallelism as usize { EventTime::MIN } else { EventTime::MAX };
+        for bytes in old {
+            current = current.min(decode(bytes)?.current);
+        }
+        return Ok(WatermarkTracker::restored(WatermarkImage { inputs: Vec::new(), current, idle: false }, inputs));
+    }
+    Ok(match ctx.restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
+        Some(bytes) => WatermarkTracker::restored(decode(bytes)?, inputs),
+        None => WatermarkTracker::new(inputs),
+    })
+}
+
+/// Add the channel state element `uid` of the restored checkpoint to `replay` (`batches_only`: the
+/// format before watermarks, encoded batches only).
+fn restore_channel_state(
+    ctx: &StageCtx<'_>,
+    uid: &str,
+    batches_only: bool,
+    replay: &mut [VecDeque<InFlight>],
+) -> Result<(), TaskError> {
+    {
+        let uid = uid.to_string();
         if let Some(parts) = ctx.restore.elements.get(&uid) {
             let state_err = |message: String| TaskError::State { uid: uid.clone(), message };
             if parts.iter().any(|p| p.parallelism != ctx.parallelism) {
@@ -95,22 +151,27 @@ impl<T: Data> InputBody<T> {
                 )));
             }
             if let Some(bytes) = ctx.restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
-                let state: ChannelState =
-                    postcard::from_bytes(bytes).map_err(|e| state_err(format!("decoding channel state: {e}")))?;
-                if state.inputs.len() != inputs.len() {
+                let decode_err = |e: postcard::Error| state_err(format!("decoding channel state: {e}"));
+                let inputs: Vec<Vec<InFlight>> = if batches_only {
+                    let legacy: LegacyChannelState = postcard::from_bytes(bytes).map_err(decode_err)?;
+                    legacy.inputs.into_iter().map(|v| v.into_iter().map(InFlight::Batch).collect()).collect()
+                } else {
+                    postcard::from_bytes::<ChannelState>(bytes).map_err(decode_err)?.inputs
+                };
+                if inputs.len() != replay.len() {
                     return Err(state_err(format!(
                         "channel state for {} inputs, the task has {}: the job's inputs changed",
-                        state.inputs.len(),
-                        inputs.len()
+                        inputs.len(),
+                        replay.len()
                     )));
                 }
-                for (r, batches) in replay.iter_mut().zip(state.inputs) {
-                    r.extend(batches);
+                for (r, entries) in replay.iter_mut().zip(inputs) {
+                    r.extend(entries);
                 }
             }
         }
-        Ok(InputBody { inputs, head, replay, input_ended: ended_before(ctx), stage_uid: ctx.stage_uid.clone() })
     }
+    Ok(())
 }
 
 /// The state element by which a stage's tasks record, in every checkpoint after the end of the input,
@@ -128,13 +189,30 @@ fn ended_before(ctx: &StageCtx<'_>) -> bool {
 /// The state element under which a stage's tasks keep their channel state.
 pub(crate) fn channel_state_uid(stage_uid: &str) -> String {
     // '/' is not allowed in operator ids, so this never collides with one.
+    format!("{stage_uid}/channel-state")
+}
+
+/// Where builds before watermarks kept channel state (encoded batches only); still restored.
+pub(crate) fn legacy_channel_state_uid(stage_uid: &str) -> String {
     format!("{stage_uid}/in-flight")
 }
 
-/// Records in flight into a task at an unaligned checkpoint: per input, encoded batches in order.
+/// The state element under which a stage's tasks keep their watermarks.
+pub(crate) fn watermarks_uid(stage_uid: &str) -> String {
+    format!("{stage_uid}/watermarks")
+}
+
+/// Messages in flight into a task at an unaligned checkpoint: per input, batches and watermarks in
+/// order.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct ChannelState {
-    pub inputs: Vec<Vec<Vec<u8>>>,
+    pub inputs: Vec<Vec<InFlight>>,
+}
+
+/// Channel state as builds before watermarks wrote it.
+#[derive(serde::Deserialize)]
+struct LegacyChannelState {
+    inputs: Vec<Vec<Vec<u8>>>,
 }
 
 impl StateImage for ChannelState {
@@ -145,6 +223,15 @@ impl StateImage for ChannelState {
 
 fn encode_batch<T: Data>(batch: &Vec<T>) -> Vec<u8> {
     postcard::to_allocvec(batch).expect("a record type that serde can serialise (needed for channel state)")
+}
+
+impl<T: Data> InputBody<T> {
+    fn on_input_watermark(&mut self, i: usize, w: WatermarkUpdate) -> Result<(), TaskError> {
+        match self.watermarks.on_update(i, w) {
+            Some(forward) => self.head.on_watermark(forward),
+            None => Ok(()),
+        }
+    }
 }
 
 impl<T: Data> TaskBody for InputBody<T> {
@@ -165,24 +252,38 @@ impl<T: Data> TaskBody for InputBody<T> {
             if !data {
                 return Ok(Polled::Empty);
             }
-            let bytes = self.replay[i].pop_front().expect("non-empty");
-            let batch: Vec<T> = postcard::from_bytes(&bytes).map_err(|e| TaskError::State {
-                uid: "(channel state)".into(),
-                message: format!("decoding a restored batch: {e}"),
-            })?;
-            self.head.emit_batch(batch)?;
-            return Ok(Polled::Data { recorded: record.then_some(bytes) });
+            let entry = self.replay[i].pop_front().expect("non-empty");
+            match &entry {
+                InFlight::Batch(bytes) => {
+                    let batch: Vec<T> = postcard::from_bytes(bytes).map_err(|e| TaskError::State {
+                        uid: "(channel state)".into(),
+                        message: format!("decoding a restored batch: {e}"),
+                    })?;
+                    self.head.emit_batch(batch)?;
+                }
+                InFlight::Watermark(w) => self.on_input_watermark(i, *w)?,
+            }
+            return Ok(Polled::Data { recorded: record.then_some(entry) });
         }
         match self.inputs[i].poll(overtake, &encode_batch::<T>, data) {
             Taken::Msg(Message::Data(batch)) => {
                 debug_assert!(!batch.is_empty());
-                let recorded = record.then(|| encode_batch(&batch));
+                let recorded = record.then(|| InFlight::Batch(encode_batch(&batch)));
                 self.head.emit_batch(batch)?;
                 Ok(Polled::Data { recorded })
             }
+            Taken::Msg(Message::Watermark(w)) => {
+                self.on_input_watermark(i, w)?;
+                Ok(Polled::Data { recorded: record.then_some(InFlight::Watermark(w)) })
+            }
             Taken::Msg(Message::Barrier(b)) => Ok(Polled::Barrier { barrier: b, overtaken: Vec::new() }),
             Taken::Overtook { barrier, ahead } => Ok(Polled::Barrier { barrier, overtaken: ahead }),
-            Taken::Msg(Message::End) => Ok(Polled::End),
+            Taken::Msg(Message::End) => {
+                if let Some(w) = self.watermarks.on_end(i) {
+                    self.head.on_watermark(w)?;
+                }
+                Ok(Polled::End)
+            }
             Taken::Empty => Ok(Polled::Empty),
             Taken::Disconnected => Ok(Polled::Disconnected),
         }
@@ -196,10 +297,20 @@ impl<T: Data> TaskBody for InputBody<T> {
     fn poll_source(&mut self) -> Result<SourceStatus, TaskError> {
         unreachable!("not a source")
     }
+    fn on_source_exhausted(&mut self) -> Result<(), TaskError> {
+        unreachable!("not a source")
+    }
+    fn on_source_idle(&mut self, _idle_ms: u64) -> Result<(), TaskError> {
+        unreachable!("not a source")
+    }
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
         if self.input_ended {
             let uid = input_ended_uid(&self.stage_uid);
             snap.add(&uid, encode_plain(&uid, &true)?);
+        }
+        if !self.watermarks.is_fresh() {
+            let uid = watermarks_uid(&self.stage_uid);
+            snap.add(&uid, encode_plain(&uid, &self.watermarks.image())?);
         }
         self.head.on_barrier(b, snap)
     }
@@ -293,6 +404,12 @@ impl<S: Source> TaskBody for SourceBody<S> {
             self.chain.emit_batch(batch)?;
         }
         Ok(status)
+    }
+    fn on_source_exhausted(&mut self) -> Result<(), TaskError> {
+        self.chain.on_watermark(WatermarkUpdate::At(EventTime::MAX))
+    }
+    fn on_source_idle(&mut self, idle_ms: u64) -> Result<(), TaskError> {
+        self.chain.on_source_idle(idle_ms)
     }
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
         assert!(self.buf.is_empty(), "records buffered across a barrier");

@@ -8,6 +8,7 @@
 use crate::error::TaskError;
 use crate::state::SnapshotBuilder;
 use cutline_core::barrier::Barrier;
+use cutline_core::watermark::WatermarkUpdate;
 use cutline_core::CheckpointId;
 use std::sync::Arc;
 
@@ -27,6 +28,16 @@ pub(crate) trait Emit<T>: Send {
     fn flush(&mut self) -> Result<(), TaskError>;
     /// May the task start work that produces output (every output channel has credit)?
     fn has_credit(&self) -> bool;
+    /// The task's watermark advanced (or the task became idle): an element with event-time timers
+    /// fires those due, then every element passes it on; a router sends it on every channel after
+    /// the records emitted before it. Called only with a watermark above every earlier one.
+    fn on_watermark(&mut self, watermark: WatermarkUpdate) -> Result<(), TaskError>;
+    /// Source tasks: the source has produced nothing for `idle_ms` milliseconds (processing time).
+    /// A watermark generator may then mark its output idle; stateless elements pass it on.
+    fn on_source_idle(&mut self, idle_ms: u64) -> Result<(), TaskError> {
+        let _ = idle_ms;
+        Ok(())
+    }
     /// The task aligned `barrier`: add this element's state to `snap`, then pass the hook on. A router
     /// flushes and forwards the barrier; a sink prepares its transaction.
     fn on_barrier(&mut self, barrier: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError>;
@@ -81,6 +92,12 @@ pub(crate) use delegate_lifecycle;
 /// Wraps the next element and delegates every control hook to it (stateless elements).
 macro_rules! delegate_control {
     () => {
+        fn on_watermark(&mut self, w: cutline_core::watermark::WatermarkUpdate) -> Result<(), TaskError> {
+            self.next.on_watermark(w)
+        }
+        fn on_source_idle(&mut self, idle_ms: u64) -> Result<(), TaskError> {
+            self.next.on_source_idle(idle_ms)
+        }
         fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
             self.next.on_barrier(b, snap)
         }

@@ -2,7 +2,8 @@
 //! subtask) and edges (with the factories that make their channels). Built by the API, deployed by the
 //! runtime (`runtime::deploy`) any number of times; it runs nothing itself.
 
-use super::body::{channel_state_uid, input_ended_uid, TaskBody};
+use super::body::{channel_state_uid, input_ended_uid, legacy_channel_state_uid, watermarks_uid, TaskBody};
+use super::keyed::{timers_uid, watermark_uid};
 use crate::channel::pump::{in_pump, out_pump, InPump, OutPump};
 use crate::channel::{channel, ChannelProbe, Data, Rx, Tx, Waker};
 use crate::error::TaskError;
@@ -195,7 +196,12 @@ impl JobGraph {
     /// inputs.
     pub(crate) fn state_uids(&self) -> Vec<String> {
         let mut v: Vec<String> = self.stages.iter().flat_map(|s| s.state_uids.iter().cloned()).collect();
-        v.extend(self.stages.iter().filter(|s| !s.inputs.is_empty()).map(|s| channel_state_uid(&s.uid)));
+        // A keyed operator keeps its timers and watermark beside its state.
+        let operators = v.clone();
+        v.extend(operators.iter().flat_map(|u| [timers_uid(u), watermark_uid(u)]));
+        for s in self.stages.iter().filter(|s| !s.inputs.is_empty()) {
+            v.extend([channel_state_uid(&s.uid), legacy_channel_state_uid(&s.uid), watermarks_uid(&s.uid)]);
+        }
         v.extend(self.stages.iter().map(|s| input_ended_uid(&s.uid)));
         v
     }

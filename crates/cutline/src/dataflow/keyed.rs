@@ -3,18 +3,23 @@
 //! function emits records.
 
 use super::emit::{delegate_lifecycle, Emit};
+use super::timers::{restore_event_time, TimerCmd, Timers};
 use crate::error::TaskError;
+use crate::state::{encode_key_groups, encode_plain, ElementState, StateImage};
 use crate::state::{key_group_of_hash, stable_hash, Key, RestoreIndex, SnapshotBuilder, StableBuild, StateValue};
-use crate::state::{ElementState, StateImage};
 use cutline_core::barrier::Barrier;
+use cutline_core::watermark::{EventTime, WatermarkUpdate};
 use cutline_core::{CheckpointId, KeyGroupRange};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Where a keyed process function sends its output.
+/// Where a keyed process function sends its output, and how it reads event time and sets timers
+/// for the key it runs for.
 pub struct Output<'a, O> {
     next: &'a mut dyn Emit<O>,
     err: Option<TaskError>,
+    watermark: EventTime,
+    timers: &'a mut Vec<TimerCmd>,
 }
 
 impl<O> Output<'_, O> {
@@ -26,6 +31,24 @@ impl<O> Output<'_, O> {
                 self.err = Some(e);
             }
         }
+    }
+
+    /// The operator's current watermark: every record at or below it that arrives now is late
+    /// ([`EventTime::MIN`] before the first watermark).
+    pub fn watermark(&self) -> EventTime {
+        self.watermark
+    }
+
+    /// Set an event-time timer for this key: [`KeyedProcess::on_timer`] runs for it once the
+    /// watermark reaches `time` (at the next advance if it is already there). A key has at most one
+    /// timer per time; timers are checkpointed with the key's state.
+    pub fn set_timer(&mut self, time: EventTime) {
+        self.timers.push(TimerCmd::Set(time));
+    }
+
+    /// Cancel this key's timer at `time`, if set.
+    pub fn cancel_timer(&mut self, time: EventTime) {
+        self.timers.push(TimerCmd::Cancel(time));
     }
 }
 
@@ -41,6 +64,13 @@ pub trait KeyedProcess<K, T, O>: Send + Sync + 'static {
 
     /// One record of key `key`.
     fn process(&self, key: &K, state: &mut Option<Self::State>, record: T, out: &mut Output<O>);
+
+    /// An event-time timer this key set ([`Output::set_timer`]) is due: the watermark reached `time`.
+    /// Timers fire in time order, before the watermark goes further downstream. By default it does
+    /// nothing.
+    fn on_timer(&self, key: &K, state: &mut Option<Self::State>, time: EventTime, out: &mut Output<O>) {
+        let _ = (key, state, time, out);
+    }
 
     /// The job's bounded input is exhausted: called once for every key that has state, right before
     /// the final checkpoint, so what it emits is part of the job's committed output (final results
@@ -78,11 +108,27 @@ pub(crate) struct KeyedProcessOp<K, T, S, O> {
     pub range: KeyGroupRange,
     pub max_parallelism: u32,
     pub next: Box<dyn Emit<O>>,
+    pub timers: Timers<K>,
+    /// The operator's watermark (checkpointed with it, so lateness is judged after a restore as it
+    /// was before).
+    pub watermark: EventTime,
+    /// Timer requests of the function call in progress.
+    pub cmds: Vec<TimerCmd>,
+}
+
+/// The state element of a keyed operator's timers.
+pub(crate) fn timers_uid(uid: &str) -> String {
+    format!("{uid}/timers")
+}
+
+/// The state element of a keyed operator's watermark.
+pub(crate) fn watermark_uid(uid: &str) -> String {
+    format!("{uid}/watermark")
 }
 
 impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp<K, T, S, O> {
     /// Load this subtask's key groups from a checkpoint, asserting that each key belongs here.
-    pub fn restore(&mut self, index: &RestoreIndex) -> Result<(), TaskError> {
+    pub fn restore(&mut self, index: &RestoreIndex, subtask: u32, parallelism: u32) -> Result<(), TaskError> {
         let err = |m: String| TaskError::State { uid: self.uid.clone(), message: m };
         for (kg, mut blob) in index.keyed(&self.uid, self.range, self.max_parallelism)? {
             while !blob.is_empty() {
@@ -104,7 +150,40 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp
                 blob = rest;
             }
         }
+        self.timers.restore(index, &timers_uid(&self.uid), self.range, self.max_parallelism)?;
+        self.watermark = restore_event_time(index, &watermark_uid(&self.uid), subtask, parallelism)?;
         Ok(())
+    }
+
+    /// Run the function for key `k` (`timer`: a due timer, else `record`), then apply its timer
+    /// requests.
+    #[inline]
+    fn call(&mut self, k: K, record: Option<T>, timer: EventTime) -> Result<(), TaskError> {
+        let mut out = Output { next: &mut *self.next, err: None, watermark: self.watermark, timers: &mut self.cmds };
+        let f = &*self.f;
+        let run = |slot: &mut Option<S>, out: &mut Output<O>| match record {
+            Some(r) => f.process(&k, slot, r, out),
+            None => f.on_timer(&k, slot, timer, out),
+        };
+        if let Some(slot) = self.state.get_mut(&k) {
+            run(slot, &mut out);
+        } else {
+            let mut slot = None;
+            run(&mut slot, &mut out);
+            if slot.is_some() {
+                self.state.insert(k.clone(), slot);
+            }
+        }
+        let err = out.err;
+        if !self.cmds.is_empty() {
+            for c in self.cmds.drain(..) {
+                self.timers.apply(&k, c);
+            }
+        }
+        match err {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
     }
 }
 
@@ -112,20 +191,22 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> Emit<T> for Ke
     #[inline]
     fn emit(&mut self, item: T) -> Result<(), TaskError> {
         let k = (self.key_fn)(&item);
-        let mut out = Output { next: &mut *self.next, err: None };
-        if let Some(slot) = self.state.get_mut(&k) {
-            self.f.process(&k, slot, item, &mut out);
-        } else {
-            let mut slot = None;
-            self.f.process(&k, &mut slot, item, &mut out);
-            if slot.is_some() {
-                self.state.insert(k, slot);
+        self.call(k, Some(item), EventTime::MIN)
+    }
+
+    fn on_watermark(&mut self, w: WatermarkUpdate) -> Result<(), TaskError> {
+        // Only an advance reaches here, but a restored operator may already be at it.
+        match w {
+            WatermarkUpdate::At(t) if t > self.watermark => {
+                self.watermark = t;
+                // Timers set while firing fire in this loop too if already due.
+                while let Some((time, k)) = self.timers.pop_due(t) {
+                    self.call(k, None, time)?;
+                }
             }
+            _ => {}
         }
-        match out.err {
-            None => Ok(()),
-            Some(e) => Err(e),
-        }
+        self.next.on_watermark(w)
     }
 
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
@@ -137,18 +218,28 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> Emit<T> for Ke
             max_parallelism: self.max_parallelism,
         };
         snap.add(&self.uid, Box::new(image));
+        if self.timers.len() > 0 {
+            snap.add(&timers_uid(&self.uid), self.timers.image(&self.uid, self.range, self.max_parallelism));
+        }
+        if self.watermark != EventTime::MIN {
+            let uid = watermark_uid(&self.uid);
+            snap.add(&uid, encode_plain(&uid, &self.watermark)?);
+        }
         self.next.on_barrier(b, snap)
     }
 
     fn on_input_end(&mut self) -> Result<(), TaskError> {
-        let mut out = Output { next: &mut *self.next, err: None };
+        let mut out = Output { next: &mut *self.next, err: None, watermark: self.watermark, timers: &mut self.cmds };
         for (k, slot) in self.state.iter_mut().filter(|(_, v)| v.is_some()) {
             self.f.end_of_input(k, slot, &mut out);
             if out.err.is_some() {
                 break;
             }
         }
-        if let Some(e) = out.err {
+        let err = out.err;
+        // Timers set here never fire: event time already ended.
+        self.cmds.clear();
+        if let Some(e) = err {
             return Err(e);
         }
         self.next.on_input_end()
@@ -167,27 +258,7 @@ struct KeyedImage<K, S> {
 
 impl<K: Key, S: StateValue> StateImage for KeyedImage<K, S> {
     fn encode(self: Box<Self>) -> Result<ElementState, String> {
-        let mut groups: Vec<Vec<u8>> = vec![Vec::new(); self.range.len() as usize];
-        for (k, v) in &self.map {
-            let Some(v) = v else { continue };
-            let kg = key_group_of_hash(stable_hash(k), self.max_parallelism);
-            // Invariant: the router only ever sent this subtask keys of its own key groups.
-            assert!(
-                self.range.contains(cutline_core::KeyGroup(kg)),
-                "{}: key of key group {kg} outside {:?}",
-                self.uid,
-                self.range
-            );
-            let buf = &mut groups[(kg - self.range.start) as usize];
-            let taken = std::mem::take(buf);
-            *buf = postcard::to_extend(&(k, v), taken).map_err(|e| format!("{}: encoding a key: {e}", self.uid))?;
-        }
-        let groups = groups
-            .into_iter()
-            .enumerate()
-            .filter(|(_, g)| !g.is_empty())
-            .map(|(i, g)| (self.range.start + i as u32, g))
-            .collect();
-        Ok(ElementState::Keyed { max_parallelism: self.max_parallelism, groups })
+        let present = self.map.iter().filter_map(|(k, v)| v.as_ref().map(|v| (k, v)));
+        encode_key_groups(&self.uid, present, self.range, self.max_parallelism)
     }
 }

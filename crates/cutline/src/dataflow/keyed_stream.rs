@@ -58,8 +58,11 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 range: KeyGroupRange::for_subtask(ctx.max_parallelism, ctx.parallelism, ctx.subtask),
                 max_parallelism: ctx.max_parallelism,
                 next: tail,
+                timers: Default::default(),
+                watermark: cutline_core::watermark::EventTime::MIN,
+                cmds: Vec::new(),
             };
-            op.restore(ctx.restore)?;
+            op.restore(ctx.restore, ctx.subtask, ctx.parallelism)?;
             Ok(Box::new(InputBody::new(ctx, inputs, Box::new(op))?) as Box<dyn TaskBody>)
         });
         Stream { job, parts: vec![Part { stage, chain }] }

@@ -10,16 +10,21 @@
 mod api;
 mod body;
 pub(crate) mod emit;
+mod event_time;
 mod graph;
 mod keyed;
 mod keyed_stream;
 mod router;
 mod sink_op;
+mod timers;
+mod window;
 
 pub use api::{ConnectedStreams, Either, GraphError, Job, KeyedStream, Stream};
 pub use emit::DEFAULT_BATCH_SIZE;
+pub use event_time::{WatermarkStrategy, WATERMARK_EVERY_RECORDS};
 pub use graph::{EdgeKind, JobGraph};
 pub use keyed::{KeyedProcess, Output};
+pub use window::{Window, WindowedStream, Windows};
 
 pub(crate) use body::{channel_state_uid, ChannelState, Polled, TaskBody};
 pub(crate) use graph::{EdgePlan, StageCtx};

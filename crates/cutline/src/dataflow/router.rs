@@ -7,6 +7,7 @@ use crate::channel::{Message, Tx};
 use crate::error::TaskError;
 use crate::state::{key_group_of_hash, KeyHasher, SnapshotBuilder};
 use cutline_core::barrier::Barrier;
+use cutline_core::watermark::WatermarkUpdate;
 use cutline_core::{CheckpointId, KeyGroup};
 
 /// How a router spreads records over the downstream subtasks of one edge.
@@ -105,6 +106,11 @@ impl<T: Send> Emit<T> for Router<T> {
         // Every record emitted before the barrier goes out before it, on every channel.
         let b = *b;
         self.send_all(|| Message::Barrier(b))
+    }
+
+    fn on_watermark(&mut self, w: WatermarkUpdate) -> Result<(), TaskError> {
+        // After every record emitted before it, on every channel: downstream tasks combine them.
+        self.send_all(|| Message::Watermark(w))
     }
 
     fn on_input_end(&mut self) -> Result<(), TaskError> {

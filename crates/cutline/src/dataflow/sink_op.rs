@@ -86,6 +86,9 @@ impl<T: Send + 'static, S: Sink<T>> Emit<T> for SinkEmit<T, S> {
     fn flush(&mut self) -> Result<(), TaskError> {
         Ok(())
     }
+    fn on_watermark(&mut self, _w: cutline_core::watermark::WatermarkUpdate) -> Result<(), TaskError> {
+        Ok(()) // the end of the chain: a sink has no use for event time
+    }
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
         self.faults.check(FaultPoint::SinkPrepare)?;
         if let Some(c) =

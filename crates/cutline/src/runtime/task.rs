@@ -6,6 +6,7 @@
 //! single-threaded simulation alike: it never blocks, sleeps, spawns or reads a clock (time comes from
 //! [`TaskEnv`]). Operators never see barriers; the chain gets control hooks instead.
 
+use crate::channel::InFlight;
 use crate::connectors::SourceStatus;
 use crate::dataflow::{channel_state_uid, ChannelState, Polled, TaskBody};
 use crate::error::TaskError;
@@ -75,7 +76,7 @@ struct Capture {
     barrier: Barrier,
     snap: SnapshotBuilder,
     timings: SnapshotTimings,
-    inputs: Vec<Vec<Vec<u8>>>,
+    inputs: Vec<Vec<InFlight>>,
     /// Over the byte limit, or aborted: declined, nothing more is recorded or persisted.
     dropped: bool,
 }
@@ -100,6 +101,8 @@ pub(crate) struct Task {
     max_channel_state_bytes: u64,
     scratch_ids: Vec<CheckpointId>,
     scratch_actions: Vec<AlignAction>,
+    /// Sources: since when the source has reported nothing to read.
+    idle_since: Option<TimeMs>,
 }
 
 impl Task {
@@ -128,6 +131,7 @@ impl Task {
             max_channel_state_bytes,
             scratch_ids: Vec::new(),
             scratch_actions: Vec::new(),
+            idle_since: None,
         }
     }
 
@@ -226,7 +230,15 @@ impl Task {
         }
         self.faults.check(FaultPoint::ProcessBatch)?;
         let status = self.body.poll_source()?;
+        if status == SourceStatus::Idle {
+            let now = env.now();
+            let since = *self.idle_since.get_or_insert(now);
+            self.body.on_source_idle(now.saturating_sub(since))?;
+        } else {
+            self.idle_since = None;
+        }
         if status == SourceStatus::Finished {
+            self.body.on_source_exhausted()?;
             self.body.flush()?;
             self.source_phase = SourcePhase::Exhausted;
             env.source_finished(self.id);
@@ -304,7 +316,7 @@ impl Task {
         &mut self,
         i: usize,
         barrier: Barrier,
-        overtaken: Vec<Vec<u8>>,
+        overtaken: Vec<InFlight>,
         env: &mut dyn TaskEnv,
     ) -> Result<(), TaskError> {
         let id = barrier.checkpoint;
@@ -378,12 +390,12 @@ impl Task {
         Ok(())
     }
 
-    fn record(&mut self, id: CheckpointId, input: usize, bytes: Vec<u8>, env: &mut dyn TaskEnv) {
+    fn record(&mut self, id: CheckpointId, input: usize, entry: InFlight, env: &mut dyn TaskEnv) {
         let cap = self.captures.get_mut(&id).expect("recording for a captured checkpoint");
         if cap.dropped {
             return;
         }
-        cap.timings.channel_state_bytes += bytes.len() as u64;
+        cap.timings.channel_state_bytes += entry.size_bytes();
         if cap.timings.channel_state_bytes > self.max_channel_state_bytes {
             cap.dropped = true;
             cap.inputs = Vec::new();
@@ -397,7 +409,7 @@ impl Task {
             );
             return;
         }
-        cap.inputs[input].push(bytes);
+        cap.inputs[input].push(entry);
     }
 
     /// Send partial batches downstream (when the task has nothing to read).

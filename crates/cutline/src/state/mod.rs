@@ -16,7 +16,7 @@ use std::hash::Hash;
 pub(crate) use hash::{key_group_of_hash, KeyHasher, StableBuild};
 pub use hash::{splitmix64, stable_hash, StableHasher};
 pub(crate) use restore::RestoreIndex;
-pub(crate) use snapshot::{encode_plain, ElementState, SnapshotBuilder, StateImage};
+pub(crate) use snapshot::{encode_key_groups, encode_plain, ElementState, SnapshotBuilder, StateImage};
 
 /// Trait bounds of keys.
 pub trait Key: Hash + Eq + Clone + Send + Sync + Serialize + DeserializeOwned + 'static {}

@@ -2,7 +2,9 @@
 //! ([`StateImage`]), collected per task ([`SnapshotBuilder`]) and encoded off the task thread into the
 //! payload of the task's state file ([`TaskStatePayload`]).
 
+use super::{key_group_of_hash, stable_hash, Key};
 use crate::error::TaskError;
+use cutline_core::{KeyGroup, KeyGroupRange};
 use serde::{Deserialize, Serialize};
 
 /// A state element's encoded form in a task's state file.
@@ -60,4 +62,30 @@ impl StateImage for PlainImage {
 pub(crate) fn encode_plain<T: Serialize>(uid: &str, v: &T) -> Result<Box<dyn StateImage>, TaskError> {
     let bytes = postcard::to_allocvec(v).map_err(|e| TaskError::State { uid: uid.into(), message: e.to_string() })?;
     Ok(Box::new(PlainImage(bytes)))
+}
+
+/// Keyed state from `(key, value)` pairs of the key groups in `range`: one blob of concatenated
+/// pairs per non-empty key group (runs on a snapshot writer thread).
+pub(crate) fn encode_key_groups<'a, K: Key + 'a, V: Serialize + 'a>(
+    uid: &str,
+    pairs: impl Iterator<Item = (&'a K, &'a V)>,
+    range: KeyGroupRange,
+    max_parallelism: u32,
+) -> Result<ElementState, String> {
+    let mut groups: Vec<Vec<u8>> = vec![Vec::new(); range.len() as usize];
+    for (k, v) in pairs {
+        let kg = key_group_of_hash(stable_hash(k), max_parallelism);
+        // Invariant: the router only ever sent this subtask keys of its own key groups.
+        assert!(range.contains(KeyGroup(kg)), "{uid}: key of key group {kg} outside {range:?}");
+        let buf = &mut groups[(kg - range.start) as usize];
+        let taken = std::mem::take(buf);
+        *buf = postcard::to_extend(&(k, v), taken).map_err(|e| format!("{uid}: encoding a key: {e}"))?;
+    }
+    let groups = groups
+        .into_iter()
+        .enumerate()
+        .filter(|(_, g)| !g.is_empty())
+        .map(|(i, g)| (range.start + i as u32, g))
+        .collect();
+    Ok(ElementState::Keyed { max_parallelism, groups })
 }

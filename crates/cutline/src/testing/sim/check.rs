@@ -4,6 +4,7 @@
 
 use super::job::{left_key, right_key, rules_key};
 use super::{Sim, FINGERPRINT};
+use crate::channel::InFlight;
 use crate::dataflow::{channel_state_uid, ChannelState, Either};
 use crate::runtime::start::load_checkpoint;
 use crate::state::{key_group_of_hash, stable_hash, ElementState};
@@ -83,7 +84,10 @@ impl Sim {
             for p in index.elements.get(&uid).map(|v| v.as_slice()).unwrap_or(&[]) {
                 let ElementState::Plain(b) = &p.state else { panic!("channel state is plain") };
                 let cs: ChannelState = postcard::from_bytes(b).expect("channel state decodes");
-                batches.extend(cs.inputs.into_iter().flatten());
+                batches.extend(cs.inputs.into_iter().flatten().filter_map(|e| match e {
+                    InFlight::Batch(b) => Some(b),
+                    InFlight::Watermark(_) => None,
+                }));
             }
             batches
         };

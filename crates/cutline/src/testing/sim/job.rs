@@ -2,7 +2,8 @@
 
 use super::SimOptions;
 use crate::connectors::{GeneratorSource, MemoryMarkerSink, MemoryTxnSink, MemoryTxnStore};
-use crate::dataflow::{Either, Job, JobGraph, KeyedProcess, Output};
+use crate::dataflow::{Either, Job, JobGraph, KeyedProcess, Output, WatermarkStrategy};
+use cutline_core::watermark::EventTime;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -18,8 +19,25 @@ pub(super) fn rules_key(i: u64, keys: u64) -> u64 {
 
 /// The join of the simulated job: counts each key's records of both inputs, emits the new count after
 /// every record, and once per key at the end of the input its totals (`E:key:left:right`), which must be
-/// committed exactly once whatever fails around the final checkpoint.
+/// committed exactly once whatever fails around the final checkpoint. Event time: a record's is its
+/// index, increasing in every source subtask, so no record is ever late however inputs interleave; each
+/// record sets its key's timer at the end of its 10 ms window, and each timer, when the watermark
+/// passes it, emits `T:key:time`: once per key and window in any correct run.
 struct Join;
+
+/// Event time in the simulated job: the index of a record in its source.
+fn event_time(r: &(u64, u64)) -> EventTime {
+    EventTime(r.1 as i64)
+}
+
+/// The timer a record at event time `t` sets: the last millisecond of its 10 ms window.
+fn window_end(t: u64) -> u64 {
+    t - t % 10 + 9
+}
+
+fn watermarks() -> WatermarkStrategy<(u64, u64)> {
+    WatermarkStrategy::bounded_out_of_orderness(0, event_time)
+}
 
 impl KeyedProcess<u64, Either<(u64, u64), (u64, u64)>, String> for Join {
     type State = (u64, u64);
@@ -31,6 +49,8 @@ impl KeyedProcess<u64, Either<(u64, u64), (u64, u64)>, String> for Join {
         out: &mut Output<String>,
     ) {
         let s = state.get_or_insert((0, 0));
+        let (Either::Left((_, i)) | Either::Right((_, i))) = rec;
+        out.set_timer(EventTime(window_end(i) as i64));
         match rec {
             Either::Left(_) => {
                 s.0 += 1;
@@ -41,6 +61,9 @@ impl KeyedProcess<u64, Either<(u64, u64), (u64, u64)>, String> for Join {
                 out.emit(format!("R:{k}:{}", s.1));
             }
         }
+    }
+    fn on_timer(&self, k: &u64, _state: &mut Option<(u64, u64)>, time: EventTime, out: &mut Output<String>) {
+        out.emit(format!("T:{k}:{}", time.0));
     }
     fn end_of_input(&self, k: &u64, state: &mut Option<(u64, u64)>, out: &mut Output<String>) {
         if let Some((l, r)) = state {
@@ -61,16 +84,19 @@ pub(super) fn sim_job(o: &SimOptions, out: Arc<Mutex<MemoryTxnStore>>) -> JobGra
     let keys = o.keys;
     let job = Job::new("sim");
     job.set_parallelism(2).set_max_parallelism(16);
-    let left =
-        job.source_with_parallelism("left", 2, GeneratorSource::new(o.left_records, move |i| (left_key(i, keys), i)));
+    let left = job
+        .source_with_parallelism("left", 2, GeneratorSource::new(o.left_records, move |i| (left_key(i, keys), i)))
+        .with_watermarks("left-wm", watermarks());
     // A broadcast edge: every "rules" record reaches the join once through each of the 2 subtasks of
     // "rules-b", unioned into the left input.
     let rules = job
         .source_with_parallelism("rules", 1, GeneratorSource::new(o.rules_records, move |i| (rules_key(i, keys), i)))
+        .with_watermarks("rules-wm", watermarks())
         .broadcast("rules-b", 2);
     // A forward edge on the right input.
     let right = job
         .source_with_parallelism("right", 1, GeneratorSource::new(o.right_records, move |i| (right_key(i, keys), i)))
+        .with_watermarks("right-wm", watermarks())
         .forward("right-fwd");
     let spread = left
         .union(rules)
@@ -109,6 +135,13 @@ fn expected_counts(o: &SimOptions) -> BTreeMap<u64, (u64, u64)> {
 /// The committed output of a run without failures, sorted.
 pub(super) fn expected_output(o: &SimOptions) -> Vec<String> {
     let mut out = Vec::new();
+    let mut timers = std::collections::BTreeSet::new();
+    for (n, key) in
+        [(o.left_records, left_key as fn(u64, u64) -> u64), (o.rules_records, rules_key), (o.right_records, right_key)]
+    {
+        timers.extend((0..n).map(|i| (key(i, o.keys), window_end(i))));
+    }
+    out.extend(timers.into_iter().map(|(k, t)| format!("T:{k}:{t}")));
     for (k, (l, r)) in expected_counts(o) {
         out.extend((1..=l).map(|n| format!("L:{k}:{n}")));
         out.extend((1..=r).map(|n| format!("R:{k}:{n}")));

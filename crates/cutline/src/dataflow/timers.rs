@@ -1,0 +1,186 @@
+//! Event-time timers of a keyed operator ([`Timers`]): per key a set of times, fired in time order
+//! when the operator's watermark passes them; checkpointed by key group (so they move with their keys
+//! when a job is rescaled) and restored with the keyed state.
+
+use crate::error::TaskError;
+use crate::state::{key_group_of_hash, stable_hash, ElementState, Key, RestoreIndex, StableBuild, StateImage};
+use cutline_core::watermark::EventTime;
+use cutline_core::{KeyGroup, KeyGroupRange};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// What a process function asked of the timers of the key it ran for (applied after it returns).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TimerCmd {
+    Set(EventTime),
+    Cancel(EventTime),
+}
+
+/// The pending event-time timers of one keyed operator subtask.
+pub(crate) struct Timers<K> {
+    /// The truth: each key's pending timers.
+    by_key: HashMap<K, BTreeSet<EventTime>, StableBuild>,
+    /// Firing order. May hold entries cancelled since (checked against `by_key` when due).
+    queue: BTreeMap<EventTime, Vec<K>>,
+    pending: usize,
+}
+
+impl<K: Key> Default for Timers<K> {
+    fn default() -> Self {
+        Timers { by_key: HashMap::default(), queue: BTreeMap::new(), pending: 0 }
+    }
+}
+
+impl<K: Key> Timers<K> {
+    /// Pending timers.
+    pub fn len(&self) -> usize {
+        self.pending
+    }
+
+    pub fn apply(&mut self, key: &K, cmd: TimerCmd) {
+        match cmd {
+            TimerCmd::Set(t) => {
+                if self.by_key.entry(key.clone()).or_default().insert(t) {
+                    self.queue.entry(t).or_default().push(key.clone());
+                    self.pending += 1;
+                }
+            }
+            TimerCmd::Cancel(t) => {
+                if let Some(set) = self.by_key.get_mut(key) {
+                    if set.remove(&t) {
+                        self.pending -= 1;
+                        if set.is_empty() {
+                            self.by_key.remove(key);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The earliest pending timer at or before `watermark`, removed.
+    pub fn pop_due(&mut self, watermark: EventTime) -> Option<(EventTime, K)> {
+        loop {
+            let mut first = self.queue.first_entry()?;
+            let t = *first.key();
+            if t > watermark {
+                return None;
+            }
+            let Some(k) = first.get_mut().pop() else {
+                first.remove();
+                continue;
+            };
+            if first.get().is_empty() {
+                first.remove();
+            }
+            let Some(set) = self.by_key.get_mut(&k) else { continue };
+            if set.remove(&t) {
+                if set.is_empty() {
+                    self.by_key.remove(&k);
+                }
+                self.pending -= 1;
+                return Some((t, k));
+            }
+        }
+    }
+
+    /// The synchronous copy taken at a barrier (its cost grows with the timers pending).
+    pub fn image(&self, uid: &str, range: KeyGroupRange, max_parallelism: u32) -> Box<dyn StateImage> {
+        Box::new(TimersImage { uid: uid.to_string(), by_key: self.by_key.clone(), range, max_parallelism })
+    }
+
+    /// Load the timers of this subtask's key groups from a checkpoint.
+    pub fn restore(
+        &mut self,
+        index: &RestoreIndex,
+        uid: &str,
+        range: KeyGroupRange,
+        max_parallelism: u32,
+    ) -> Result<(), TaskError> {
+        let err = |m: String| TaskError::State { uid: uid.to_string(), message: m };
+        for (kg, mut blob) in index.keyed(uid, range, max_parallelism)? {
+            while !blob.is_empty() {
+                let ((k, times), rest): ((K, BTreeSet<EventTime>), &[u8]) =
+                    postcard::take_from_bytes(blob).map_err(|e| err(format!("decoding timers: {e}")))?;
+                let actual = key_group_of_hash(stable_hash(&k), max_parallelism);
+                if actual != kg || !range.contains(KeyGroup(kg)) {
+                    return Err(err(format!(
+                        "a timer's key filed under key group {kg} hashes to group {actual}: the key type or its Hash changed since the checkpoint"
+                    )));
+                }
+                for t in times {
+                    self.apply(&k, TimerCmd::Set(t));
+                }
+                blob = rest;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A per-subtask event time (an operator's watermark, a generator's highest timestamp) as the
+/// restored checkpoint has it; at another parallelism the lowest of the old subtasks' (one that
+/// recorded none had none). [`EventTime::MIN`] if absent.
+pub(crate) fn restore_event_time(
+    index: &RestoreIndex,
+    uid: &str,
+    subtask: u32,
+    parallelism: u32,
+) -> Result<EventTime, TaskError> {
+    let decode = |b: &[u8]| {
+        postcard::from_bytes::<EventTime>(b)
+            .map_err(|e| TaskError::State { uid: uid.to_string(), message: format!("decoding a watermark: {e}") })
+    };
+    if let Some((old_parallelism, old)) = index.plain_rescaled(uid, parallelism)? {
+        let mut lowest = if old.len() < old_parallelism as usize { EventTime::MIN } else { EventTime::MAX };
+        for b in old {
+            lowest = lowest.min(decode(b)?);
+        }
+        return Ok(lowest);
+    }
+    match index.plain(uid, subtask, parallelism)? {
+        Some(b) => decode(b),
+        None => Ok(EventTime::MIN),
+    }
+}
+
+/// Timers copied at a barrier, encoded per key group off the task thread.
+struct TimersImage<K> {
+    uid: String,
+    by_key: HashMap<K, BTreeSet<EventTime>, StableBuild>,
+    range: KeyGroupRange,
+    max_parallelism: u32,
+}
+
+impl<K: Key> StateImage for TimersImage<K> {
+    fn encode(self: Box<Self>) -> Result<ElementState, String> {
+        crate::state::encode_key_groups(&self.uid, self.by_key.iter(), self.range, self.max_parallelism)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timers_fire_in_time_order_once_and_not_after_a_cancel() {
+        let mut t = Timers::<String>::default();
+        t.apply(&"a".to_string(), TimerCmd::Set(EventTime(30)));
+        t.apply(&"b".to_string(), TimerCmd::Set(EventTime(10)));
+        t.apply(&"a".to_string(), TimerCmd::Set(EventTime(10)));
+        t.apply(&"a".to_string(), TimerCmd::Set(EventTime(10)));
+        t.apply(&"c".to_string(), TimerCmd::Set(EventTime(20)));
+        t.apply(&"c".to_string(), TimerCmd::Cancel(EventTime(20)));
+        assert_eq!(t.len(), 3, "a second timer at the same time of a key is the same timer");
+        let mut fired = Vec::new();
+        while let Some(x) = t.pop_due(EventTime(25)) {
+            fired.push(x);
+        }
+        fired.sort();
+        assert_eq!(fired, [(EventTime(10), "a".to_string()), (EventTime(10), "b".to_string())]);
+        t.apply(&"c".to_string(), TimerCmd::Set(EventTime(20)));
+        assert_eq!(t.pop_due(EventTime(25)), Some((EventTime(20), "c".to_string())), "set again after a cancel");
+        assert_eq!(t.pop_due(EventTime(29)), None);
+        assert_eq!(t.pop_due(EventTime::MAX), Some((EventTime(30), "a".to_string())));
+        assert_eq!(t.len(), 0);
+    }
+}
