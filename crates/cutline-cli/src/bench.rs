@@ -172,7 +172,6 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
 /// Run `graph` once to its end with checkpoints every `interval_ms` (`None`: only the final one),
 /// its checkpoints in a fresh directory that is removed afterwards; the seconds it took. A run that
 /// restarted is no measurement: an error, and no rate is printed.
-#[cfg(any(feature = "kafka", feature = "postgres"))]
 pub(crate) fn timed_engine_run(graph: &cutline::JobGraph, name: &str, interval_ms: Option<u64>) -> Result<f64> {
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
     let dir = std::env::temp_dir().join(format!("cutline-bench-{}-{stamp}", std::process::id()));

@@ -5,6 +5,7 @@
 mod admin_cmd;
 mod args;
 mod bench;
+mod bench_nexmark;
 mod cluster_cmd;
 mod demo;
 mod logging;
@@ -50,6 +51,29 @@ struct Cli {
     verbose: bool,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// Benchmarks under `cutline bench`.
+#[derive(Subcommand, Debug)]
+enum BenchOther {
+    /// A Nexmark query over generated events, with checkpoints every `--checkpoint-interval` and
+    /// without, in alternating pairs; rates only when the committed rows match the query's batch
+    /// reference.
+    Nexmark {
+        /// q0-q8 or q11.
+        #[arg(long)]
+        query: cutline_nexmark::Query,
+        #[arg(long, default_value_t = 10_000_000)]
+        events: u64,
+        #[arg(long, default_value_t = 1)]
+        parallelism: u32,
+        /// Checkpoint interval of the measured run (e.g. 1s); the other run has none but the final one.
+        #[arg(long, default_value = "1s")]
+        checkpoint_interval: String,
+        /// Pairs of runs (the medians are printed).
+        #[arg(long, default_value_t = 1)]
+        reps: u32,
+    },
 }
 
 #[derive(Subcommand)]
@@ -148,8 +172,11 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         job: Vec<String>,
     },
-    /// The keyed COUNT+SUM benchmark.
+    /// The keyed COUNT+SUM benchmark (or, with a subcommand, another one).
+    #[command(args_conflicts_with_subcommands = true)]
     Bench {
+        #[command(subcommand)]
+        other: Option<BenchOther>,
         #[arg(long, default_value_t = 10_000_000)]
         events: u64,
         #[arg(long, default_value_t = 100_000)]
@@ -298,6 +325,11 @@ fn main() {
         Cmd::Cluster { workers, job } => launch_cluster(workers, &job, cli.verbose),
         Cmd::BenchCoordinator { tasks, workers, checkpoints } => bench_coordinator(tasks, &workers, checkpoints),
         Cmd::Bench {
+            other: Some(BenchOther::Nexmark { query, events, parallelism, checkpoint_interval, reps }),
+            ..
+        } => bench_nexmark::bench_nexmark(query, events, parallelism, &checkpoint_interval, reps),
+        Cmd::Bench {
+            other: None,
             events,
             keys,
             parallelism,

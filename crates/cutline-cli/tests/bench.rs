@@ -133,3 +133,37 @@ fn a_tally_that_disagrees_with_the_events_is_refused() {
     s.write("tally-00002-00000000000000000001", "12 twelve 0 true\n");
     assert!(read_tallies(&s.dir).expect_err("malformed").contains("malformed"));
 }
+
+#[test]
+fn bench_nexmark_prints_rates_only_after_the_rows_match_the_reference_and_refuses_bad_input() {
+    let out = common::cutline()
+        .args([
+            "bench",
+            "nexmark",
+            "--query",
+            "q5",
+            "--events",
+            "200000",
+            "--parallelism",
+            "2",
+            "--checkpoint-interval",
+            "50ms",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(last.starts_with("q5 events=200000 parallelism=2 rows=") && last.contains("on/off"), "{stdout}");
+    let rows: u64 = last.split("rows=").nth(1).and_then(|r| r.split(':').next()).and_then(|r| r.parse().ok()).unwrap();
+    assert!(rows > 0, "a run with no rows measures nothing: {stdout}");
+    for (args, says) in [
+        (vec!["--query", "q12"], "not implemented"),
+        (vec!["--query", "q1", "--checkpoint-interval", "off"], "duration"),
+        (vec!["--query", "q1", "--reps", "0"], "at least 1"),
+    ] {
+        let out = common::cutline().args(["bench", "nexmark"]).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
