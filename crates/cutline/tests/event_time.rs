@@ -5,12 +5,15 @@
 //! depends on exactly where the watermark was when each record arrived).
 
 use cutline::{
-    Either, EventTime, FaultPoint, Faults, GeneratorSource, Job, JobGraph, LocalDirStore, MemoryTxnSink,
-    MemoryTxnStore, RestartStrategy, RunConfig, RunError, WatermarkStrategy, Windows,
+    ConnectorResult, Either, EventTime, FaultPoint, Faults, GeneratorSource, Job, JobGraph, LocalDirStore,
+    MemoryTxnSink, MemoryTxnStore, RestartStrategy, RunConfig, RunError, Source, SourceStatus, WatermarkStrategy,
+    Windows,
 };
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 const N: u64 = 20_000;
 const KEYS: u64 = 7;
@@ -258,4 +261,66 @@ fn a_crashed_windowed_job_resumes_at_another_parallelism_with_the_same_windows()
     let report = cutline::run(&job(&rescaled, out.clone(), early), config(dir.path(), false)).expect("resumes");
     assert!(report.restored_from.is_some(), "nothing was restored");
     assert_same(&committed(&out), &batch_counts(), "after the rescale");
+}
+
+/// A source that has nothing to read until `released` is set (or `give_up` passed), then ends.
+#[derive(Clone)]
+struct Silent {
+    released: Arc<AtomicBool>,
+    give_up: Instant,
+}
+
+impl Source for Silent {
+    type Item = Event;
+    type Offset = ();
+    fn open(&mut self, _s: u32, _p: u32, _o: Option<()>) -> ConnectorResult<()> {
+        Ok(())
+    }
+    fn poll(&mut self, _out: &mut Vec<Event>, _max: usize) -> ConnectorResult<SourceStatus> {
+        let done = self.released.load(Ordering::SeqCst) || Instant::now() > self.give_up;
+        Ok(if done { SourceStatus::Finished } else { SourceStatus::Idle })
+    }
+    fn offset(&self) {}
+}
+
+#[test]
+fn an_idle_source_does_not_hold_back_the_windows_of_the_others() {
+    // Two sources unioned into one windowed count: "events" produces, "silent" says nothing until a
+    // window result was seen (or 20 s passed). Marked idle after 50 ms, it must not hold time back.
+    let released = Arc::new(AtomicBool::new(false));
+    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let job = Job::new("idle");
+    let strategy =
+        || WatermarkStrategy::bounded_out_of_orderness(400, |e: &Event| EventTime(e.1)).with_idle_timeout_ms(50);
+    let events = job.source("events", GeneratorSource::new(N, in_bounds)).with_watermarks("events-wm", strategy()).map(
+        |e: Event| {
+            if e.2.is_multiple_of(64) {
+                std::thread::sleep(Duration::from_millis(1)); // about 300 ms in all: the silent source goes idle
+            }
+            e
+        },
+    );
+    let silent = job
+        .source("silent", Silent { released: released.clone(), give_up: Instant::now() + Duration::from_secs(20) })
+        .with_watermarks("silent-wm", strategy());
+    let r = released.clone();
+    events
+        .union(silent)
+        .key_by(|e: &Event| e.0)
+        .window(Windows::tumbling_ms(WINDOW_MS), |e: &Event| EventTime(e.1))
+        .aggregate("counts", || 0u64, |n, _e| *n += 1, |n, m| *n += m, |k, w, n| format!("{k}@{}:{n}", w.start.0))
+        .map(move |line: String| {
+            r.store(true, Ordering::SeqCst);
+            line
+        })
+        .sink("out", MemoryTxnSink::new(out.clone()));
+    let graph = job.build().expect("valid job");
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    cutline::run(&graph, config(dir.path(), false)).expect("runs");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the job waited for the silent source's end: its idleness did not release the windows"
+    );
+    assert_same(&committed(&out), &batch_counts(), "windows beside an idle source");
 }
