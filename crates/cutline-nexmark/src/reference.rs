@@ -1,7 +1,7 @@
 //! Each query computed directly over the whole list of events: loops and maps, none of cutline's
 //! operators, windows or timers. What the engine commits must equal it (as a sorted list).
 
-use crate::model::{event, Auction, Bid, Event, Person};
+use crate::model::{event, Bid, Event, Person};
 use crate::queries::{
     EURO_PER_MILLE, Q2_MODULUS, Q3_CATEGORY, Q3_STATES, Q6_LAST, SESSION_GAP_MS, SLIDE_MS, WINDOW_MS,
 };
@@ -10,10 +10,12 @@ use std::collections::{BTreeMap, HashMap};
 
 /// The rows `query` gives over the first `events` events, sorted.
 pub fn reference(query: Query, events: u64) -> Vec<Row> {
-    let all: Vec<Event> = (0..events).map(event).collect();
-    let bids = || all.iter().filter_map(|e| if let Event::Bid(b) = e { Some(*b) } else { None });
-    let people = || all.iter().filter_map(|e| if let Event::Person(p) = e { Some(p) } else { None });
-    let auctions = || all.iter().filter_map(|e| if let Event::Auction(a) = e { Some(a) } else { None });
+    // The events are generated again for each pass instead of kept (a benchmark's hundreds of
+    // millions would not fit in memory); `event` is cheap and deterministic.
+    let all = || (0..events).map(event);
+    let bids = || all().filter_map(|e| if let Event::Bid(b) = e { Some(b) } else { None });
+    let people = || all().filter_map(|e| if let Event::Person(p) = e { Some(p) } else { None });
+    let auctions = || all().filter_map(|e| if let Event::Auction(a) = e { Some(a) } else { None });
     let mut rows: Vec<Row> = match query {
         Query::Q0 => bids().map(Row::Bid).collect(),
         Query::Q1 => bids().map(|b| Row::Bid(Bid { price: b.price * EURO_PER_MILLE / 1000, ..b })).collect(),
@@ -22,7 +24,7 @@ pub fn reference(query: Query, events: u64) -> Vec<Row> {
             .map(|b| Row::AuctionPrice { auction: b.auction, price: b.price })
             .collect(),
         Query::Q3 => {
-            let sellers: HashMap<u64, &Person> =
+            let sellers: HashMap<u64, Person> =
                 people().filter(|p| Q3_STATES.contains(&p.state.as_str())).map(|p| (p.id, p)).collect();
             auctions()
                 .filter(|a| a.category == Q3_CATEGORY)
@@ -36,11 +38,16 @@ pub fn reference(query: Query, events: u64) -> Vec<Row> {
                 .collect()
         }
         Query::Q4 | Query::Q6 => {
-            let mut winners = winners(auctions(), bids());
-            winners.sort_by_key(|(a, _)| (a.expires, a.id));
+            let mut winners = winners(
+                auctions().map(|a| {
+                    (a.id, Sale { seller: a.seller, category: a.category, reserve: a.reserve, expires: a.expires })
+                }),
+                bids(),
+            );
+            winners.sort_by_key(|(id, a, _)| (a.expires, *id));
             let mut per: BTreeMap<u64, (u64, u64, Vec<u64>)> = BTreeMap::new();
             let mut rows = Vec::new();
-            for (a, price) in winners {
+            for (_, a, price) in winners {
                 let key = if query == Query::Q4 { a.category } else { a.seller };
                 let (count, sum, last) = per.entry(key).or_default();
                 *count += 1;
@@ -135,23 +142,30 @@ pub fn reference(query: Query, events: u64) -> Vec<Row> {
     rows
 }
 
+/// What deciding an auction's winner needs of it.
+struct Sale {
+    seller: u64,
+    category: u64,
+    reserve: u64,
+    expires: i64,
+}
+
 /// Every auction with a winning price: the highest bid at or before its end, if it meets the reserve.
-fn winners<'a>(
-    auctions: impl Iterator<Item = &'a Auction>,
-    bids: impl Iterator<Item = Bid>,
-) -> Vec<(&'a Auction, u64)> {
-    let auctions: HashMap<u64, &Auction> = auctions.map(|a| (a.id, a)).collect();
+fn winners(auctions: impl Iterator<Item = (u64, Sale)>, bids: impl Iterator<Item = Bid>) -> Vec<(u64, Sale, u64)> {
+    let auctions: HashMap<u64, Sale> = auctions.collect();
     let mut best: HashMap<u64, u64> = HashMap::new();
     for b in bids {
         if let Some(a) = auctions.get(&b.auction) {
             if b.date_time <= a.expires {
-                let e = best.entry(a.id).or_default();
+                let e = best.entry(b.auction).or_default();
                 *e = (*e).max(b.price);
             }
         }
     }
-    let mut v: Vec<(&Auction, u64)> =
-        auctions.values().filter_map(|a| best.get(&a.id).filter(|p| **p >= a.reserve).map(|p| (*a, *p))).collect();
-    v.sort_by_key(|(a, _)| a.id);
+    let mut v: Vec<(u64, Sale, u64)> = auctions
+        .into_iter()
+        .filter_map(|(id, a)| best.get(&id).copied().filter(|p| *p >= a.reserve).map(|p| (id, a, p)))
+        .collect();
+    v.sort_by_key(|(id, _, _)| *id);
     v
 }
