@@ -155,34 +155,46 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp
         Ok(())
     }
 
-    /// Run the function for key `k` (`timer`: a due timer, else `record`), then apply its timer
-    /// requests.
-    #[inline]
+    /// Run the function for key `k`: on `record`, or (`None`) for its due timer at `timer`; then
+    /// apply its timer requests. (Inlined into the batch loop: it runs once per record.)
+    #[inline(always)]
     fn call(&mut self, k: K, record: Option<T>, timer: EventTime) -> Result<(), TaskError> {
         let mut out = Output { next: &mut *self.next, err: None, watermark: self.watermark, timers: &mut self.cmds };
         let f = &*self.f;
-        let run = |slot: &mut Option<S>, out: &mut Output<O>| match record {
-            Some(r) => f.process(&k, slot, r, out),
-            None => f.on_timer(&k, slot, timer, out),
-        };
-        if let Some(slot) = self.state.get_mut(&k) {
-            run(slot, &mut out);
-        } else {
-            let mut slot = None;
-            run(&mut slot, &mut out);
-            if slot.is_some() {
-                self.state.insert(k.clone(), slot);
+        let inserted = match self.state.get_mut(&k) {
+            Some(slot) => {
+                match record {
+                    Some(r) => f.process(&k, slot, r, &mut out),
+                    None => f.on_timer(&k, slot, timer, &mut out),
+                }
+                None
             }
-        }
+            None => {
+                let mut slot = None;
+                match record {
+                    Some(r) => f.process(&k, &mut slot, r, &mut out),
+                    None => f.on_timer(&k, &mut slot, timer, &mut out),
+                }
+                slot.is_some().then_some(slot)
+            }
+        };
         let err = out.err;
         if !self.cmds.is_empty() {
-            for c in self.cmds.drain(..) {
-                self.timers.apply(&k, c);
-            }
+            self.apply_timer_cmds(&k);
+        }
+        if let Some(slot) = inserted {
+            self.state.insert(k, slot);
         }
         match err {
             None => Ok(()),
             Some(e) => Err(e),
+        }
+    }
+
+    #[cold]
+    fn apply_timer_cmds(&mut self, k: &K) {
+        for c in self.cmds.drain(..) {
+            self.timers.apply(k, c);
         }
     }
 }
