@@ -1,6 +1,6 @@
 //! The Nexmark benchmark on cutline: the deterministic event generator ([`model`]), the queries
 //! q0-q8 and q11 written with cutline's public API ([`queries`]), and a straightforward batch
-//! computation of each ([`reference`]) that the tests and `cutline bench nexmark` compare the
+//! computation of each ([`reference`](mod@reference)) that the tests and `cutline bench nexmark` compare the
 //! engine's output with.
 //!
 //! q12 (processing-time windows) is not here: cutline has no processing-time timers yet.
