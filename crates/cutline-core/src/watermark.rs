@@ -4,8 +4,9 @@
 //!
 //! A watermark `t` on a channel says: no record with an event time at or below `t` follows on this
 //! channel (later ones are *late*). A task's watermark is the minimum over its active inputs; an input
-//! marked idle does not hold it back until it sends a watermark again; an ended input counts as
-//! [`EventTime::MAX`]. The tracker never lets a task's watermark go backwards, whatever its inputs
+//! marked idle does not hold it back until it sends a watermark again; a source whose input is
+//! exhausted sends [`EventTime::MAX`] (end-of-stream alone says nothing of event time: after a stop
+//! with a savepoint the input resumes later). The tracker never lets a task's watermark go backwards, whatever its inputs
 //! send, and its state is what a checkpoint records so that it does not go backwards across a restore
 //! either.
 
@@ -135,12 +136,6 @@ impl WatermarkTracker {
         self.recompute()
     }
 
-    /// Input `i` ended: it holds nothing back any more.
-    pub fn on_end(&mut self, i: usize) -> Option<WatermarkUpdate> {
-        self.inputs[i] = InputWatermark { at: EventTime::MAX, idle: false };
-        self.recompute()
-    }
-
     fn recompute(&mut self) -> Option<WatermarkUpdate> {
         let active = self.inputs.iter().filter(|w| !w.idle).map(|w| w.at).min();
         match active {
@@ -186,8 +181,9 @@ mod tests {
         assert_eq!(w.on_update(0, at(3)), None, "a lower watermark moves nothing back");
         assert_eq!(w.current(), EventTime(10));
         assert_eq!(w.on_update(0, at(15)), Some(at(15)));
-        assert_eq!(w.on_end(0), Some(at(20)));
-        assert_eq!(w.on_end(1), Some(At(EventTime::MAX)));
+        // Exhausted inputs end event time with MAX.
+        assert_eq!(w.on_update(0, At(EventTime::MAX)), Some(at(20)));
+        assert_eq!(w.on_update(1, At(EventTime::MAX)), Some(At(EventTime::MAX)));
     }
 
     #[test]

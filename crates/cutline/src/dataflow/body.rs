@@ -140,36 +140,31 @@ fn restore_channel_state(
     batches_only: bool,
     replay: &mut [VecDeque<InFlight>],
 ) -> Result<(), TaskError> {
-    {
-        let uid = uid.to_string();
-        if let Some(parts) = ctx.restore.elements.get(&uid) {
-            let state_err = |message: String| TaskError::State { uid: uid.clone(), message };
-            if parts.iter().any(|p| p.parallelism != ctx.parallelism) {
-                return Err(state_err(format!(
-                    "the restored checkpoint is unaligned and holds records in flight into {} at parallelism {}; the job now asks for {}. Restore it at the old parallelism, then take a savepoint (always aligned) and rescale from that",
-                    ctx.stage_uid, parts[0].parallelism, ctx.parallelism
-                )));
-            }
-            if let Some(bytes) = ctx.restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
-                let decode_err = |e: postcard::Error| state_err(format!("decoding channel state: {e}"));
-                let inputs: Vec<Vec<InFlight>> = if batches_only {
-                    let legacy: LegacyChannelState = postcard::from_bytes(bytes).map_err(decode_err)?;
-                    legacy.inputs.into_iter().map(|v| v.into_iter().map(InFlight::Batch).collect()).collect()
-                } else {
-                    postcard::from_bytes::<ChannelState>(bytes).map_err(decode_err)?.inputs
-                };
-                if inputs.len() != replay.len() {
-                    return Err(state_err(format!(
-                        "channel state for {} inputs, the task has {}: the job's inputs changed",
-                        inputs.len(),
-                        replay.len()
-                    )));
-                }
-                for (r, entries) in replay.iter_mut().zip(inputs) {
-                    r.extend(entries);
-                }
-            }
-        }
+    let Some(parts) = ctx.restore.elements.get(uid) else { return Ok(()) };
+    let state_err = |message: String| TaskError::State { uid: uid.to_string(), message };
+    if parts.iter().any(|p| p.parallelism != ctx.parallelism) {
+        return Err(state_err(format!(
+            "the restored checkpoint is unaligned and holds records in flight into {} at parallelism {}; the job now asks for {}. Restore it at the old parallelism, then take a savepoint (always aligned) and rescale from that",
+            ctx.stage_uid, parts[0].parallelism, ctx.parallelism
+        )));
+    }
+    let Some(bytes) = ctx.restore.plain(uid, ctx.subtask, ctx.parallelism)? else { return Ok(()) };
+    let decode_err = |e: postcard::Error| state_err(format!("decoding channel state: {e}"));
+    let inputs: Vec<Vec<InFlight>> = if batches_only {
+        let legacy: LegacyChannelState = postcard::from_bytes(bytes).map_err(decode_err)?;
+        legacy.inputs.into_iter().map(|v| v.into_iter().map(InFlight::Batch).collect()).collect()
+    } else {
+        postcard::from_bytes::<ChannelState>(bytes).map_err(decode_err)?.inputs
+    };
+    if inputs.len() != replay.len() {
+        return Err(state_err(format!(
+            "channel state for {} inputs, the task has {}: the job's inputs changed",
+            inputs.len(),
+            replay.len()
+        )));
+    }
+    for (r, entries) in replay.iter_mut().zip(inputs) {
+        r.extend(entries);
     }
     Ok(())
 }
@@ -278,12 +273,9 @@ impl<T: Data> TaskBody for InputBody<T> {
             }
             Taken::Msg(Message::Barrier(b)) => Ok(Polled::Barrier { barrier: b, overtaken: Vec::new() }),
             Taken::Overtook { barrier, ahead } => Ok(Polled::Barrier { barrier, overtaken: ahead }),
-            Taken::Msg(Message::End) => {
-                if let Some(w) = self.watermarks.on_end(i) {
-                    self.head.on_watermark(w)?;
-                }
-                Ok(Polled::End)
-            }
+            // Not the end of event time: that came as a watermark if the input was exhausted; after
+            // a stop with a savepoint it resumes, and its timers fire then, not here.
+            Taken::Msg(Message::End) => Ok(Polled::End),
             Taken::Empty => Ok(Polled::Empty),
             Taken::Disconnected => Ok(Polled::Disconnected),
         }

@@ -30,7 +30,8 @@ pub(crate) trait Emit<T>: Send {
     fn has_credit(&self) -> bool;
     /// The task's watermark advanced (or the task became idle): an element with event-time timers
     /// fires those due, then every element passes it on; a router sends it on every channel after
-    /// the records emitted before it. Called only with a watermark above every earlier one.
+    /// the records emitted before it. Called with a watermark above every earlier one, or (after
+    /// `Idle`) with the last one again when the input is active again.
     fn on_watermark(&mut self, watermark: WatermarkUpdate) -> Result<(), TaskError>;
     /// Source tasks: the source has produced nothing for `idle_ms` milliseconds (processing time).
     /// A watermark generator may then mark its output idle; stateless elements pass it on.
