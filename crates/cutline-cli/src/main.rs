@@ -6,6 +6,7 @@ mod admin_cmd;
 mod args;
 mod bench;
 mod bench_nexmark;
+mod bench_timers;
 mod cluster_cmd;
 mod demo;
 mod logging;
@@ -60,7 +61,7 @@ enum BenchOther {
     /// without, in alternating pairs; rates only when the committed rows match the query's batch
     /// reference.
     Nexmark {
-        /// q0-q8 or q11.
+        /// q0-q8, q11 or q12.
         #[arg(long)]
         query: cutline_nexmark::Query,
         #[arg(long, default_value_t = 10_000_000)]
@@ -73,6 +74,15 @@ enum BenchOther {
         /// Pairs of runs (the medians are printed).
         #[arg(long, default_value_t = 1)]
         reps: u32,
+    },
+    /// Checkpoints of a keyed operator with `--timers` pending event-time timers, and while one
+    /// watermark makes them all due (figures only when every timer fired).
+    Timers {
+        #[arg(long, default_value_t = 10_000_000)]
+        timers: u64,
+        /// Checkpoint interval (e.g. 500ms).
+        #[arg(long, default_value = "500ms")]
+        checkpoint_interval: String,
     },
 }
 
@@ -328,6 +338,9 @@ fn main() {
             other: Some(BenchOther::Nexmark { query, events, parallelism, checkpoint_interval, reps }),
             ..
         } => bench_nexmark::bench_nexmark(query, events, parallelism, &checkpoint_interval, reps),
+        Cmd::Bench { other: Some(BenchOther::Timers { timers, checkpoint_interval }), .. } => {
+            bench_timers::bench_timers(timers, &checkpoint_interval)
+        }
         Cmd::Bench {
             other: None,
             events,

@@ -158,7 +158,7 @@ fn bench_nexmark_prints_rates_only_after_the_rows_match_the_reference_and_refuse
     let rows: u64 = last.split("rows=").nth(1).and_then(|r| r.split(':').next()).and_then(|r| r.parse().ok()).unwrap();
     assert!(rows > 0, "a run with no rows measures nothing: {stdout}");
     for (args, says) in [
-        (vec!["--query", "q12"], "not implemented"),
+        (vec!["--query", "q9"], "not implemented"),
         (vec!["--query", "q1", "--checkpoint-interval", "off"], "duration"),
         (vec!["--query", "q1", "--reps", "0"], "at least 1"),
     ] {
@@ -166,4 +166,19 @@ fn bench_nexmark_prints_rates_only_after_the_rows_match_the_reference_and_refuse
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && stderr.contains(says), "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn bench_timers_reports_checkpoints_that_held_every_timer_and_the_firing() {
+    let out = common::cutline()
+        .args(["bench", "timers", "--timers", "50000", "--checkpoint-interval", "200ms"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("timers=50000: ") && stdout.contains("checkpoints with every timer pending"), "{stdout}");
+    assert!(stdout.contains("firing all 50000 took"), "{stdout}");
+    let out = common::cutline().args(["bench", "timers", "--timers", "0"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("at least 1"), "{stderr}");
 }

@@ -29,6 +29,8 @@ pub const Q6_LAST: usize = 10;
 pub const EURO_PER_MILLE: u64 = 908;
 /// Partitions q7 computes partial maxima in before the global one.
 pub const Q7_PARTITIONS: u64 = 64;
+/// Window length of q12 (processing time).
+pub const Q12_WINDOW_MS: u64 = 10_000;
 /// How long after an unknown auction's bid its state is dropped (longer than any auction runs).
 const STALE_BIDS_MS: u64 = 20_000;
 
@@ -370,4 +372,50 @@ pub fn q11(events: Stream<Event>) -> Stream<Row> {
         |n, m| *n += m,
         |bidder, w, n| Row::Session { bidder: *bidder, start: w.start.0, end: w.end.0, bids: *n },
     )
+}
+
+/// Per bidder: the processing-time window in progress (its start) and its bids so far.
+struct ProcessingWindowCount {
+    size_ms: u64,
+}
+
+impl KeyedProcess<u64, Bid, Row> for ProcessingWindowCount {
+    type State = (u64, u64);
+    fn process(&self, bidder: &u64, state: &mut Option<(u64, u64)>, _b: Bid, out: &mut Output<Row>) {
+        let now = out.processing_time_ms();
+        let start = now - now % self.size_ms;
+        match state {
+            Some((s, n)) if *s == start => *n += 1,
+            _ => {
+                // A window whose timer has not fired yet (it fires at the task's next step) closes here.
+                if let Some((s, n)) = state.take() {
+                    out.cancel_processing_timer(s + self.size_ms);
+                    out.emit(Row::BidderWindow { bidder: *bidder, window_start: s, bids: n });
+                }
+                *state = Some((start, 1));
+                out.set_processing_timer(start + self.size_ms);
+            }
+        }
+    }
+    fn on_processing_timer(&self, bidder: &u64, state: &mut Option<(u64, u64)>, _t: u64, out: &mut Output<Row>) {
+        if let Some((s, n)) = state.take() {
+            out.emit(Row::BidderWindow { bidder: *bidder, window_start: s, bids: n });
+        }
+    }
+    fn end_of_input(&self, bidder: &u64, state: &mut Option<(u64, u64)>, out: &mut Output<Row>) {
+        // Processing-time timers do not fire at the end of a bounded input: the open window ends here.
+        self.on_processing_timer(bidder, state, 0, out);
+    }
+}
+
+/// q12, bids per bidder in tumbling processing-time windows of 10 s.
+pub fn q12(events: Stream<Event>) -> Stream<Row> {
+    q12_windows_of(events, Q12_WINDOW_MS)
+}
+
+/// q12 with processing-time windows of `size_ms` (at least 1).
+pub fn q12_windows_of(events: Stream<Event>, size_ms: u64) -> Stream<Row> {
+    bids(events)
+        .key_by(|b: &Bid| b.bidder)
+        .process_with("q12-counts", ProcessingWindowCount { size_ms: size_ms.max(1) })
 }

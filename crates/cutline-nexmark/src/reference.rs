@@ -114,6 +114,15 @@ pub fn reference(query: Query, events: u64) -> Vec<Row> {
                 .map(|p| Row::NewUser { id: p.id, name: p.name.clone(), window_start: window(p.date_time) })
                 .collect()
         }
+        Query::Q12 => {
+            // Processing-time windows: which window a bid is in depends on when it was processed,
+            // so the reference is what every run has in common, the bids per bidder.
+            let mut per: BTreeMap<u64, u64> = BTreeMap::new();
+            for b in bids() {
+                *per.entry(b.bidder).or_default() += 1;
+            }
+            per.into_iter().map(|(bidder, bids)| Row::BidderWindow { bidder, window_start: 0, bids }).collect()
+        }
         Query::Q11 => {
             let mut times: BTreeMap<u64, Vec<i64>> = BTreeMap::new();
             for b in bids() {

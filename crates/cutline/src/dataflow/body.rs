@@ -3,7 +3,7 @@
 //! the source and chain of a source task ([`SourceBody`]). The runtime's task control plane drives a
 //! body without knowing its record types.
 
-use super::emit::Emit;
+use super::emit::{Emit, Pending};
 use super::graph::StageCtx;
 use crate::channel::{Data, InFlight, Message, Rx, Taken};
 use crate::connectors::{Source, SourceStatus};
@@ -61,6 +61,8 @@ pub(crate) trait TaskBody: Send {
     fn on_source_exhausted(&mut self) -> Result<(), TaskError>;
     /// Sources: the source has produced nothing for `idle_ms` milliseconds.
     fn on_source_idle(&mut self, idle_ms: u64) -> Result<(), TaskError>;
+    /// Work without new input (timers), at processing time `now_ms` (see [`Emit::on_tick`]).
+    fn on_tick(&mut self, now_ms: u64) -> Result<Pending, TaskError>;
     /// Add this body's state (source offset, chain elements) and forward the barrier.
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError>;
     /// The final barrier aligned: the chain emits what waits for the end of input (before the
@@ -295,6 +297,9 @@ impl<T: Data> TaskBody for InputBody<T> {
     fn on_source_idle(&mut self, _idle_ms: u64) -> Result<(), TaskError> {
         unreachable!("not a source")
     }
+    fn on_tick(&mut self, now_ms: u64) -> Result<Pending, TaskError> {
+        self.head.on_tick(now_ms)
+    }
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
         if self.input_ended {
             let uid = input_ended_uid(&self.stage_uid);
@@ -402,6 +407,9 @@ impl<S: Source> TaskBody for SourceBody<S> {
     }
     fn on_source_idle(&mut self, idle_ms: u64) -> Result<(), TaskError> {
         self.chain.on_source_idle(idle_ms)
+    }
+    fn on_tick(&mut self, now_ms: u64) -> Result<Pending, TaskError> {
+        self.chain.on_tick(now_ms)
     }
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
         assert!(self.buf.is_empty(), "records buffered across a barrier");

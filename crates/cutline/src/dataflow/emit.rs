@@ -15,6 +15,28 @@ use std::sync::Arc;
 /// Records per batch on a channel. A partial batch is flushed when the task has nothing to read.
 pub const DEFAULT_BATCH_SIZE: usize = 1024;
 
+/// What the elements of a chain still have to do without new input ([`Emit::on_tick`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Pending {
+    /// Due timers are left over (a step fires at most one batch of them): tick again as soon as
+    /// the task has credit.
+    pub more: bool,
+    /// The earliest pending processing-time timer (milliseconds since the Unix epoch): tick again
+    /// by then.
+    pub next_timer_ms: Option<u64>,
+}
+
+impl Pending {
+    /// Both elements' work.
+    pub fn and(self, other: Pending) -> Pending {
+        let next_timer_ms = match (self.next_timer_ms, other.next_timer_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Pending { more: self.more || other.more, next_timer_ms }
+    }
+}
+
 /// One element of a task's chain.
 pub(crate) trait Emit<T>: Send {
     fn emit(&mut self, item: T) -> Result<(), TaskError>;
@@ -33,6 +55,14 @@ pub(crate) trait Emit<T>: Send {
     /// the records emitted before it. Called with a watermark above every earlier one, or (after
     /// `Idle`) with the last one again when the input is active again.
     fn on_watermark(&mut self, watermark: WatermarkUpdate) -> Result<(), TaskError>;
+    /// The task has credit and asks for work that needs no new input, at processing time `now_ms`
+    /// (milliseconds since the Unix epoch): due event-time timers left over from a watermark (at
+    /// most one batch of them fire per call), processing-time timers. Elements without timers pass
+    /// it on.
+    fn on_tick(&mut self, now_ms: u64) -> Result<Pending, TaskError> {
+        let _ = now_ms;
+        Ok(Pending::default())
+    }
     /// Source tasks: the source has produced nothing for `idle_ms` milliseconds (processing time).
     /// A watermark generator may then mark its output idle; stateless elements pass it on.
     fn on_source_idle(&mut self, idle_ms: u64) -> Result<(), TaskError> {
@@ -98,6 +128,9 @@ macro_rules! delegate_control {
         }
         fn on_source_idle(&mut self, idle_ms: u64) -> Result<(), TaskError> {
             self.next.on_source_idle(idle_ms)
+        }
+        fn on_tick(&mut self, now_ms: u64) -> Result<$crate::dataflow::emit::Pending, TaskError> {
+            self.next.on_tick(now_ms)
         }
         fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
             self.next.on_barrier(b, snap)

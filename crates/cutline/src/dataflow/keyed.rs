@@ -2,8 +2,8 @@
 //! group, copied at the barrier and encoded off the task thread; and [`Output`], where its user
 //! function emits records.
 
-use super::emit::{delegate_lifecycle, Emit};
-use super::timers::{restore_event_time, TimerCmd, Timers};
+use super::emit::{delegate_lifecycle, Emit, Pending};
+use super::timers::{processing_time, restore_event_time, TimeDomain, TimerCmd, Timers};
 use crate::error::TaskError;
 use crate::state::{encode_key_groups, encode_plain, ElementState, StateImage};
 use crate::state::{key_group_of_hash, stable_hash, Key, RestoreIndex, SnapshotBuilder, StableBuild, StateValue};
@@ -13,13 +13,14 @@ use cutline_core::{CheckpointId, KeyGroupRange};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Where a keyed process function sends its output, and how it reads event time and sets timers
-/// for the key it runs for.
+/// Where a keyed process function sends its output, and how it reads event and processing time
+/// and sets timers for the key it runs for.
 pub struct Output<'a, O> {
     next: &'a mut dyn Emit<O>,
     err: Option<TaskError>,
     watermark: EventTime,
-    timers: &'a mut Vec<TimerCmd>,
+    now_ms: u64,
+    timers: &'a mut Vec<(TimeDomain, TimerCmd)>,
 }
 
 impl<O> Output<'_, O> {
@@ -39,16 +40,34 @@ impl<O> Output<'_, O> {
         self.watermark
     }
 
-    /// Set an event-time timer for this key: [`KeyedProcess::on_timer`] runs for it once the
-    /// watermark reaches `time` (at the next advance if it is already there). A key has at most one
-    /// timer per time; timers are checkpointed with the key's state.
-    pub fn set_timer(&mut self, time: EventTime) {
-        self.timers.push(TimerCmd::Set(time));
+    /// Processing time: milliseconds since the Unix epoch, as the task's clock read it at the
+    /// start of its current step (at most one batch ago; 0 before its first step).
+    pub fn processing_time_ms(&self) -> u64 {
+        self.now_ms
     }
 
-    /// Cancel this key's timer at `time`, if set.
+    /// Set an event-time timer for this key: [`KeyedProcess::on_timer`] runs for it once the
+    /// watermark reaches `time` (at the task's next step if it is already there). A key has at
+    /// most one timer per time; timers are checkpointed with the key's state.
+    pub fn set_timer(&mut self, time: EventTime) {
+        self.timers.push((TimeDomain::Event, TimerCmd::Set(time)));
+    }
+
+    /// Cancel this key's event-time timer at `time`, if set.
     pub fn cancel_timer(&mut self, time: EventTime) {
-        self.timers.push(TimerCmd::Cancel(time));
+        self.timers.push((TimeDomain::Event, TimerCmd::Cancel(time)));
+    }
+
+    /// Set a processing-time timer for this key: [`KeyedProcess::on_processing_timer`] runs for it
+    /// once the task's clock reaches `time_ms` (milliseconds since the Unix epoch). Checkpointed
+    /// with the key's state; one restored in the past fires right after the restore.
+    pub fn set_processing_timer(&mut self, time_ms: u64) {
+        self.timers.push((TimeDomain::Processing, TimerCmd::Set(processing_time(time_ms))));
+    }
+
+    /// Cancel this key's processing-time timer at `time_ms`, if set.
+    pub fn cancel_processing_timer(&mut self, time_ms: u64) {
+        self.timers.push((TimeDomain::Processing, TimerCmd::Cancel(processing_time(time_ms))));
     }
 }
 
@@ -70,6 +89,13 @@ pub trait KeyedProcess<K, T, O>: Send + Sync + 'static {
     /// nothing.
     fn on_timer(&self, key: &K, state: &mut Option<Self::State>, time: EventTime, out: &mut Output<O>) {
         let _ = (key, state, time, out);
+    }
+
+    /// A processing-time timer this key set ([`Output::set_processing_timer`]) is due: the task's
+    /// clock reached `time_ms`. Processing-time timers still pending when a bounded input ends do
+    /// not fire (use [`KeyedProcess::end_of_input`]). By default it does nothing.
+    fn on_processing_timer(&self, key: &K, state: &mut Option<Self::State>, time_ms: u64, out: &mut Output<O>) {
+        let _ = (key, state, time_ms, out);
     }
 
     /// The job's bounded input is exhausted: called once for every key that has state, right before
@@ -108,17 +134,38 @@ pub(crate) struct KeyedProcessOp<K, T, S, O> {
     pub range: KeyGroupRange,
     pub max_parallelism: u32,
     pub next: Box<dyn Emit<O>>,
+    /// Event-time timers.
     pub timers: Timers<K>,
+    /// Processing-time timers (times in milliseconds since the Unix epoch).
+    pub processing_timers: Timers<K>,
     /// The operator's watermark (checkpointed with it, so lateness is judged after a restore as it
     /// was before).
     pub watermark: EventTime,
+    /// The watermark (or idleness) to pass downstream once every timer due at `watermark` fired.
+    pub held: Option<WatermarkUpdate>,
+    /// Processing time at the task's last step.
+    pub now_ms: u64,
+    /// Timers fired per step at most (the task's batch size).
+    pub timers_per_step: usize,
     /// Timer requests of the function call in progress.
-    pub cmds: Vec<TimerCmd>,
+    pub cmds: Vec<(TimeDomain, TimerCmd)>,
+}
+
+/// What a keyed function is called for.
+enum Call<T> {
+    Record(T),
+    Timer(EventTime),
+    ProcessingTimer(u64),
 }
 
 /// The state element of a keyed operator's timers.
 pub(crate) fn timers_uid(uid: &str) -> String {
     format!("{uid}/timers")
+}
+
+/// The state element of a keyed operator's processing-time timers.
+pub(crate) fn processing_timers_uid(uid: &str) -> String {
+    format!("{uid}/processing-timers")
 }
 
 /// The state element of a keyed operator's watermark.
@@ -151,30 +198,41 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp
             }
         }
         self.timers.restore(index, &timers_uid(&self.uid), self.range, self.max_parallelism)?;
+        self.processing_timers.restore(index, &processing_timers_uid(&self.uid), self.range, self.max_parallelism)?;
         self.watermark = restore_event_time(index, &watermark_uid(&self.uid), subtask, parallelism)?;
+        if self.watermark != EventTime::MIN {
+            // Downstream may not have seen it yet (it goes on after the timers due at it fired,
+            // which may have been after the checkpoint): send it again once they have fired.
+            self.held = Some(WatermarkUpdate::At(self.watermark));
+        }
         Ok(())
     }
 
-    /// Run the function for key `k`: on `record`, or (`None`) for its due timer at `timer`; then
-    /// apply its timer requests. (Inlined into the batch loop: it runs once per record.)
+    /// Run the function for key `k` on `call`, then apply its timer requests. (Inlined into the
+    /// batch loop: it runs once per record.)
     #[inline(always)]
-    fn call(&mut self, k: K, record: Option<T>, timer: EventTime) -> Result<(), TaskError> {
-        let mut out = Output { next: &mut *self.next, err: None, watermark: self.watermark, timers: &mut self.cmds };
+    fn call(&mut self, k: K, call: Call<T>) -> Result<(), TaskError> {
+        let mut out = Output {
+            next: &mut *self.next,
+            err: None,
+            watermark: self.watermark,
+            now_ms: self.now_ms,
+            timers: &mut self.cmds,
+        };
         let f = &*self.f;
+        let run = |slot: &mut Option<S>, out: &mut Output<O>| match call {
+            Call::Record(r) => f.process(&k, slot, r, out),
+            Call::Timer(t) => f.on_timer(&k, slot, t, out),
+            Call::ProcessingTimer(t) => f.on_processing_timer(&k, slot, t, out),
+        };
         let inserted = match self.state.get_mut(&k) {
             Some(slot) => {
-                match record {
-                    Some(r) => f.process(&k, slot, r, &mut out),
-                    None => f.on_timer(&k, slot, timer, &mut out),
-                }
+                run(slot, &mut out);
                 None
             }
             None => {
                 let mut slot = None;
-                match record {
-                    Some(r) => f.process(&k, &mut slot, r, &mut out),
-                    None => f.on_timer(&k, &mut slot, timer, &mut out),
-                }
+                run(&mut slot, &mut out);
                 slot.is_some().then_some(slot)
             }
         };
@@ -194,8 +252,28 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp
     #[cold]
     fn apply_timer_cmds(&mut self, k: &K) {
         for c in self.cmds.drain(..) {
-            self.timers.apply(k, c);
+            match c {
+                (TimeDomain::Event, c) => self.timers.apply(k, c),
+                (TimeDomain::Processing, c) => self.processing_timers.apply(k, c),
+            }
         }
+    }
+
+    /// Fire up to `budget` event-time timers due at the operator's watermark; once none is due,
+    /// pass the held watermark on. How many fired.
+    fn fire_due(&mut self, budget: usize) -> Result<usize, TaskError> {
+        let mut fired = 0;
+        while fired < budget {
+            let Some((time, k)) = self.timers.pop_due(self.watermark) else {
+                if let Some(w) = self.held.take() {
+                    self.next.on_watermark(w)?;
+                }
+                return Ok(fired);
+            };
+            self.call(k, Call::Timer(time))?;
+            fired += 1;
+        }
+        Ok(fired)
     }
 }
 
@@ -203,22 +281,37 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> Emit<T> for Ke
     #[inline]
     fn emit(&mut self, item: T) -> Result<(), TaskError> {
         let k = (self.key_fn)(&item);
-        self.call(k, Some(item), EventTime::MIN)
+        self.call(k, Call::Record(item))
     }
 
     fn on_watermark(&mut self, w: WatermarkUpdate) -> Result<(), TaskError> {
-        // Only an advance reaches here, but a restored operator may already be at it.
-        match w {
-            WatermarkUpdate::At(t) if t > self.watermark => {
-                self.watermark = t;
-                // Timers set while firing fire in this loop too if already due.
-                while let Some((time, k)) = self.timers.pop_due(t) {
-                    self.call(k, None, time)?;
-                }
+        // The timers due at it fire first (one step's worth now, the rest at the next ticks), then
+        // it goes on; a newer update replaces one still held.
+        self.held = Some(match w {
+            WatermarkUpdate::At(t) => {
+                self.watermark = self.watermark.max(t);
+                WatermarkUpdate::At(self.watermark)
             }
-            _ => {}
+            WatermarkUpdate::Idle => WatermarkUpdate::Idle,
+        });
+        self.fire_due(self.timers_per_step)?;
+        Ok(())
+    }
+
+    fn on_tick(&mut self, now_ms: u64) -> Result<Pending, TaskError> {
+        self.now_ms = now_ms;
+        let mut budget = self.timers_per_step - self.fire_due(self.timers_per_step)?;
+        let now = processing_time(now_ms);
+        while budget > 0 {
+            let Some((time, k)) = self.processing_timers.pop_due(now) else { break };
+            self.call(k, Call::ProcessingTimer(time.0 as u64))?;
+            budget -= 1;
         }
-        self.next.on_watermark(w)
+        let mine = Pending {
+            more: budget == 0 && (self.held.is_some() || self.processing_timers.next_time().is_some_and(|t| t <= now)),
+            next_timer_ms: self.processing_timers.next_time().map(|t| t.0 as u64),
+        };
+        Ok(mine.and(self.next.on_tick(now_ms)?))
     }
 
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
@@ -233,6 +326,10 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> Emit<T> for Ke
         if self.timers.len() > 0 {
             snap.add(&timers_uid(&self.uid), self.timers.image(&self.uid, self.range, self.max_parallelism));
         }
+        if self.processing_timers.len() > 0 {
+            let uid = processing_timers_uid(&self.uid);
+            snap.add(&uid, self.processing_timers.image(&uid, self.range, self.max_parallelism));
+        }
         if self.watermark != EventTime::MIN {
             let uid = watermark_uid(&self.uid);
             snap.add(&uid, encode_plain(&uid, &self.watermark)?);
@@ -241,7 +338,16 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> Emit<T> for Ke
     }
 
     fn on_input_end(&mut self) -> Result<(), TaskError> {
-        let mut out = Output { next: &mut *self.next, err: None, watermark: self.watermark, timers: &mut self.cmds };
+        // Every timer due at the final watermark fires now, whatever the step budget: nothing may
+        // be left for after the final snapshot.
+        self.fire_due(usize::MAX)?;
+        let mut out = Output {
+            next: &mut *self.next,
+            err: None,
+            watermark: self.watermark,
+            now_ms: self.now_ms,
+            timers: &mut self.cmds,
+        };
         for (k, slot) in self.state.iter_mut().filter(|(_, v)| v.is_some()) {
             self.f.end_of_input(k, slot, &mut out);
             if out.err.is_some() {

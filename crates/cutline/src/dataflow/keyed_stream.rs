@@ -59,7 +59,11 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 max_parallelism: ctx.max_parallelism,
                 next: tail,
                 timers: Default::default(),
+                processing_timers: Default::default(),
                 watermark: cutline_core::watermark::EventTime::MIN,
+                held: None,
+                now_ms: 0,
+                timers_per_step: ctx.batch_size.max(1),
                 cmds: Vec::new(),
             };
             op.restore(ctx.restore, ctx.subtask, ctx.parallelism)?;

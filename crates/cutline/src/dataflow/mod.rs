@@ -27,4 +27,5 @@ pub use keyed::{KeyedProcess, Output};
 pub use window::{Window, WindowedStream, Windows};
 
 pub(crate) use body::{channel_state_uid, ChannelState, Polled, TaskBody};
+pub(crate) use emit::Pending;
 pub(crate) use graph::{EdgePlan, StageCtx};

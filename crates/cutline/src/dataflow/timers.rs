@@ -15,12 +15,75 @@ pub(crate) enum TimerCmd {
     Cancel(EventTime),
 }
 
-/// The pending event-time timers of one keyed operator subtask.
+/// Which clock a timer follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TimeDomain {
+    /// The operator's watermark.
+    Event,
+    /// The task's clock, in milliseconds since the Unix epoch (stored as an [`EventTime`]).
+    Processing,
+}
+
+/// A processing time as the timers store it.
+pub(crate) fn processing_time(ms: u64) -> EventTime {
+    EventTime(ms.min(i64::MAX as u64) as i64)
+}
+
+/// The times of one key's pending timers: most keys have one, kept inline (no allocation, so the
+/// copy at a barrier is a flat copy). Serialised as a sequence, like a set of times.
+#[derive(Clone, Debug, PartialEq, Eq)]
+// Boxed on purpose: the set inline would make every key's entry (most hold `One`) three words wider.
+#[allow(clippy::box_collection)]
+enum Times {
+    One(EventTime),
+    Many(Box<BTreeSet<EventTime>>),
+}
+
+impl Times {
+    /// Add `t`; false if it was there.
+    fn insert(&mut self, t: EventTime) -> bool {
+        match self {
+            Times::One(o) if *o == t => false,
+            Times::One(o) => {
+                *self = Times::Many(Box::new(BTreeSet::from([*o, t])));
+                true
+            }
+            Times::Many(set) => set.insert(t),
+        }
+    }
+    /// Remove `t`: (it was there, none is left).
+    fn remove(&mut self, t: EventTime) -> (bool, bool) {
+        match self {
+            Times::One(o) => (*o == t, *o == t),
+            Times::Many(set) => {
+                let removed = set.remove(&t);
+                (removed, set.is_empty())
+            }
+        }
+    }
+}
+
+impl serde::Serialize for Times {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Times::One(t) => s.collect_seq(std::iter::once(t)),
+            Times::Many(set) => s.collect_seq(set.iter()),
+        }
+    }
+}
+
+/// The keys with a timer at one time: most often one, kept inline.
+enum Keys<K> {
+    One(K),
+    Many(Vec<K>),
+}
+
+/// The pending timers of one keyed operator subtask (event or processing time).
 pub(crate) struct Timers<K> {
     /// The truth: each key's pending timers.
-    by_key: HashMap<K, BTreeSet<EventTime>, StableBuild>,
+    by_key: HashMap<K, Times, StableBuild>,
     /// Firing order. May hold entries cancelled since (checked against `by_key` when due).
-    queue: BTreeMap<EventTime, Vec<K>>,
+    queue: BTreeMap<EventTime, Keys<K>>,
     pending: usize,
 }
 
@@ -39,22 +102,48 @@ impl<K: Key> Timers<K> {
     pub fn apply(&mut self, key: &K, cmd: TimerCmd) {
         match cmd {
             TimerCmd::Set(t) => {
-                if self.by_key.entry(key.clone()).or_default().insert(t) {
-                    self.queue.entry(t).or_default().push(key.clone());
+                let new = match self.by_key.get_mut(key) {
+                    Some(times) => times.insert(t),
+                    None => {
+                        self.by_key.insert(key.clone(), Times::One(t));
+                        true
+                    }
+                };
+                if new {
+                    match self.queue.entry(t) {
+                        std::collections::btree_map::Entry::Vacant(v) => {
+                            v.insert(Keys::One(key.clone()));
+                        }
+                        std::collections::btree_map::Entry::Occupied(mut o) => {
+                            let keys = o.get_mut();
+                            if let Keys::One(k) = keys {
+                                *keys = Keys::Many(vec![k.clone()]);
+                            }
+                            if let Keys::Many(v) = keys {
+                                v.push(key.clone());
+                            }
+                        }
+                    }
                     self.pending += 1;
                 }
             }
             TimerCmd::Cancel(t) => {
-                if let Some(set) = self.by_key.get_mut(key) {
-                    if set.remove(&t) {
+                if let Some(times) = self.by_key.get_mut(key) {
+                    let (removed, empty) = times.remove(t);
+                    if removed {
                         self.pending -= 1;
-                        if set.is_empty() {
-                            self.by_key.remove(key);
-                        }
+                    }
+                    if empty {
+                        self.by_key.remove(key);
                     }
                 }
             }
         }
+    }
+
+    /// The time of the earliest timer (perhaps one cancelled since: a caller may wake for nothing).
+    pub fn next_time(&self) -> Option<EventTime> {
+        self.queue.first_key_value().map(|(t, _)| *t)
     }
 
     /// The earliest pending timer at or before `watermark`, removed.
@@ -65,18 +154,19 @@ impl<K: Key> Timers<K> {
             if t > watermark {
                 return None;
             }
-            let Some(k) = first.get_mut().pop() else {
-                first.remove();
-                continue;
+            let k = match first.get_mut() {
+                Keys::Many(v) if v.len() > 1 => v.pop().expect("more than one"),
+                Keys::Many(_) | Keys::One(_) => match first.remove() {
+                    Keys::One(k) => k,
+                    Keys::Many(mut v) => v.pop().expect("one"),
+                },
             };
-            if first.get().is_empty() {
-                first.remove();
+            let Some(times) = self.by_key.get_mut(&k) else { continue };
+            let (removed, empty) = times.remove(t);
+            if empty {
+                self.by_key.remove(&k);
             }
-            let Some(set) = self.by_key.get_mut(&k) else { continue };
-            if set.remove(&t) {
-                if set.is_empty() {
-                    self.by_key.remove(&k);
-                }
+            if removed {
                 self.pending -= 1;
                 return Some((t, k));
             }
@@ -146,7 +236,7 @@ pub(crate) fn restore_event_time(
 /// Timers copied at a barrier, encoded per key group off the task thread.
 struct TimersImage<K> {
     uid: String,
-    by_key: HashMap<K, BTreeSet<EventTime>, StableBuild>,
+    by_key: HashMap<K, Times, StableBuild>,
     range: KeyGroupRange,
     max_parallelism: u32,
 }
@@ -182,5 +272,22 @@ mod tests {
         assert_eq!(t.pop_due(EventTime(29)), None);
         assert_eq!(t.pop_due(EventTime::MAX), Some((EventTime(30), "a".to_string())));
         assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn a_keys_times_encode_as_the_set_of_times_earlier_checkpoints_hold() {
+        // Checkpoints before the inline form stored a `BTreeSet<EventTime>` per key; both forms
+        // must read each other.
+        let one = BTreeSet::from([EventTime(7)]);
+        let many = BTreeSet::from([EventTime(-3), EventTime(7), EventTime(1 << 40)]);
+        let inline = Times::One(EventTime(7));
+        let boxed = Times::Many(Box::new(many.clone()));
+        assert_eq!(postcard::to_allocvec(&inline).unwrap(), postcard::to_allocvec(&one).unwrap());
+        assert_eq!(postcard::to_allocvec(&boxed).unwrap(), postcard::to_allocvec(&many).unwrap());
+        let mut t = Times::One(EventTime(7));
+        assert!(t.insert(EventTime(-3)) && t.insert(EventTime(1 << 40)) && !t.insert(EventTime(7)));
+        assert_eq!(t, boxed);
+        assert_eq!(t.remove(EventTime(8)), (false, false));
+        assert_eq!(t.remove(EventTime(7)), (true, false));
     }
 }

@@ -39,6 +39,9 @@ impl TaskEnv for RtEnv {
     fn now(&self) -> TimeMs {
         TimeMs(self.start.elapsed().as_millis() as u64)
     }
+    fn processing_time_ms(&self) -> u64 {
+        unix_ms()
+    }
     fn persist(&mut self, task: TaskId, barrier: Barrier, snap: SnapshotBuilder, timings: SnapshotTimings) {
         let meta = self.metas[task.0 as usize].clone();
         let job = SnapshotJob { generation: self.generation, task, meta, barrier, snap, timings };
@@ -291,6 +294,11 @@ fn task_thread(mut task: Task, ctrl: Receiver<Control>, waker: Arc<Waker>, metri
     });
 }
 
+/// The wall clock in milliseconds since the Unix epoch (0 if the clock is before it).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
 /// Longest sleep of a task with nothing to do (every event that gives it work rings its waker; this
 /// only bounds the cost of a lost ring).
 const TASK_IDLE_WAIT_MS: u64 = 50;
@@ -322,6 +330,14 @@ fn drive(
         let credit = task.has_credit();
         let mut progressed = false;
         let mut wait_ms = TASK_IDLE_WAIT_MS;
+        if credit {
+            // Timers: what a watermark left due beyond one step's budget, processing time.
+            let pending = task.tick(env)?;
+            progressed |= pending.more;
+            if let Some(at) = pending.next_timer_ms {
+                wait_ms = wait_ms.min(at.saturating_sub(unix_ms()));
+            }
+        }
         if task.is_source() {
             if task.source_phase() == SourcePhase::Reading && credit {
                 match task.step_source(env)? {

@@ -8,7 +8,7 @@
 
 use crate::channel::InFlight;
 use crate::connectors::SourceStatus;
-use crate::dataflow::{channel_state_uid, ChannelState, Polled, TaskBody};
+use crate::dataflow::{channel_state_uid, ChannelState, Pending, Polled, TaskBody};
 use crate::error::TaskError;
 use crate::fault::{FaultPoint, Faults};
 use crate::state::SnapshotBuilder;
@@ -52,6 +52,9 @@ pub struct SnapshotTimings {
 /// What a task needs from whoever drives it.
 pub(crate) trait TaskEnv {
     fn now(&self) -> TimeMs;
+    /// Processing time for processing-time timers: milliseconds since the Unix epoch (virtual in
+    /// the simulation).
+    fn processing_time_ms(&self) -> u64;
     /// The state at `barrier` is captured: persist it asynchronously and acknowledge when durable.
     fn persist(&mut self, task: TaskId, barrier: Barrier, snap: SnapshotBuilder, timings: SnapshotTimings);
     /// This task cannot take its part of `checkpoint`.
@@ -410,6 +413,17 @@ impl Task {
             return;
         }
         cap.inputs[input].push(entry);
+    }
+
+    /// Work that needs no new input: due timers a watermark left over (at most one batch of them
+    /// per call, so that firing many timers never keeps the task from its next barrier), and
+    /// processing-time timers. Call it when the task has credit, between messages. Nothing after the
+    /// task's input ended (the final or stop barrier passed): no output may follow that snapshot.
+    pub fn tick(&mut self, env: &mut dyn TaskEnv) -> Result<Pending, TaskError> {
+        if !self.started || self.ended || self.final_checkpoint.is_some() {
+            return Ok(Pending::default());
+        }
+        self.body.on_tick(env.processing_time_ms())
     }
 
     /// Send partial batches downstream (when the task has nothing to read).

@@ -33,6 +33,9 @@ impl TaskEnv for SimEnv<'_> {
     fn now(&self) -> TimeMs {
         self.now
     }
+    fn processing_time_ms(&self) -> u64 {
+        self.now.0
+    }
     fn decline(&mut self, task: TaskId, checkpoint: CheckpointId, reason: String) {
         self.events.push_back(SimEvent::Coord(Event::Declined {
             generation: self.generation,
@@ -192,10 +195,12 @@ pub(super) fn run_generation_sim(
                     env.events.push_back(SimEvent::Coord(ev));
                 }
             } else if choice < 80 {
-                // Flush a random task's partial batches.
+                // Flush a random task's partial batches, or (with credit) let it fire due timers.
                 let ti = sim.rand(tasks.len() as u64) as usize;
+                let tick = sim.chance(500_000);
                 if let Some(t) = tasks[ti].as_mut().filter(|_| live(ti)) {
-                    if let Err(e) = t.flush() {
+                    let r = if tick && t.has_credit() { t.tick(&mut env).map(|_| ()) } else { t.flush() };
+                    if let Err(e) = r {
                         failed = Some((t.id, e.to_string()));
                     }
                 }
