@@ -257,6 +257,19 @@ fn count_job(
     exactly_once: bool,
     source_parallelism: u32,
 ) -> cutline::JobGraph {
+    count_job_held(brokers, name, input, output, (exactly_once, source_parallelism), None)
+}
+
+/// [`count_job`], whose records each take 1 ms more while `hold` is set (so that a test can keep
+/// the input from running out before something happened, however fast the machine).
+fn count_job_held(
+    brokers: &str,
+    name: &str,
+    input: &str,
+    output: &str,
+    (exactly_once, source_parallelism): (bool, u32),
+    hold: Option<Arc<std::sync::atomic::AtomicBool>>,
+) -> cutline::JobGraph {
     // The job's warnings (each failure that made it restart) go to the test's captured output.
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
@@ -267,10 +280,13 @@ fn count_job(
     let source_cfg = KafkaSourceConfig::new(brokers, &[input]).bounded();
     let records = job
         .source_from_with_parallelism("in", source_parallelism, move |_| KafkaSource::new(source_cfg.clone()))
-        .map(|r: KafkaRecord| {
+        .map(move |r: KafkaRecord| {
             // Slow enough for some 20 checkpoints in a run.
             if r.offset % 50 == 0 {
                 std::thread::sleep(Duration::from_millis(2));
+            }
+            if hold.as_ref().is_some_and(|h| h.load(Ordering::SeqCst)) {
+                std::thread::sleep(Duration::from_millis(1));
             }
             String::from_utf8(r.key.unwrap()).unwrap()
         });

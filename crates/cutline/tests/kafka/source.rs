@@ -132,12 +132,21 @@ fn a_job_restored_with_its_kafka_source_at_another_parallelism_writes_exactly_th
     let (i, o) = (input("job-rescale-in"), topic("job-rescale-out", 3));
     let dir = tempfile::tempdir().unwrap();
     let name = format!("kafka-rescale-{}", run_id());
-    let batches = Arc::new(AtomicU64::new(0));
-    let b2 = batches.clone();
-    let faults = Faults::new(move |p| p == FaultPoint::ProcessBatch && b2.fetch_add(1, Ordering::SeqCst) == 60);
+    // The input is held back (1 ms a record) until a sink subtask began its second commit, so its
+    // first is done, then the next batch fails: the run stops mid-way with something committed,
+    // however long the broker's commits take (a fixed batch count failed before any commit once).
+    let hold = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (h2, commits) = (hold.clone(), Arc::new(AtomicU64::new(0)));
+    let faults = Faults::new(move |p| {
+        if p == FaultPoint::SinkCommit && commits.fetch_add(1, Ordering::SeqCst) + 1 == 3 {
+            h2.store(false, Ordering::SeqCst);
+        }
+        p == FaultPoint::ProcessBatch && !h2.load(Ordering::SeqCst)
+    });
     let mut first = config(dir.path(), &name, faults);
     first.restart = RestartStrategy::None;
-    let err = cutline::run(&count_job(&brokers(), "kafka-rescale", &i, &o, true, 2), first).unwrap_err();
+    let job = count_job_held(&brokers(), "kafka-rescale", &i, &o, (true, 2), Some(hold));
+    let err = cutline::run(&job, first).unwrap_err();
     assert!(err.to_string().contains("injected failure"), "the first run should fail at the injected fault: {err}");
     let partial = seen_counts(&o).len();
     assert!(partial > 0 && partial < failure_free().len(), "the first run committed {partial} updates");
