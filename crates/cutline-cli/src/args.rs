@@ -9,11 +9,48 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(Subcommand)]
+// Parsed once per process; boxing the large variant would only add noise.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum RunJob {
     /// Count words of a text file; every count update goes to a directory through the transactional
     /// file sink, or to a PostgreSQL table.
     /// While it runs, it answers `cutline status`, `tune` and `savepoint` on `<state>/admin.sock`.
     Wordcount(WordcountArgs),
+    /// A Nexmark query (event-time windows, joins, timers) over generated events; every result row
+    /// goes to a directory as a JSON line through the transactional file sink. Started again after a
+    /// crash, it resumes from its latest checkpoint.
+    /// While it runs, it answers `cutline status`, `tune` and `savepoint` on `<state>/admin.sock`.
+    Nexmark(NexmarkArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct NexmarkArgs {
+    /// q0-q8, q11 or q12.
+    #[arg(long)]
+    pub(crate) query: cutline_nexmark::Query,
+    /// Events to generate (deterministic by event number).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub(crate) events: u64,
+    /// A directory: committed files of rows, one JSON object per line.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) output: PathBuf,
+    #[arg(long)]
+    pub(crate) state: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    pub(crate) parallelism: u32,
+    /// Checkpoint interval (e.g. 200ms, 1s) or `off`.
+    #[arg(long, default_value = "200ms")]
+    pub(crate) checkpoint_interval: String,
+    #[arg(long, default_value = "exactly-once")]
+    pub(crate) mode: String,
+    #[command(flatten)]
+    pub(crate) tuning: CheckpointTuning,
+    /// Sleep this many microseconds at one bid in 64, to make a small run last (drills).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) pace_us: u64,
+    /// Drills: SIGKILL this process the Nth time a task reaches POINT (see `cutline run wordcount`).
+    #[arg(long, value_name = "POINT:N", hide = true)]
+    pub(crate) kill_self_at: Option<String>,
 }
 
 #[derive(Args)]

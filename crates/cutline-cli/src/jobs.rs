@@ -1,7 +1,10 @@
-//! The jobs the `cutline` binary runs: word count over a text file and the keyed COUNT+SUM benchmark.
+//! The jobs the `cutline` binary runs: word count over a text file, a Nexmark query into files, and
+//! the keyed COUNT+SUM benchmark.
 //! Each is an ordinary cutline job built with the public API; nothing here is special-cased by the engine.
 
 use cutline::{splitmix64, DiscardSink, GeneratorSource, Job, LineFileSource, Sink, TransactionalFileSink};
+use cutline_nexmark::model::Event;
+use cutline_nexmark::{Query, Row};
 use std::path::Path;
 
 pub use crate::endpoints::{WordcountInput, WordcountOutput};
@@ -169,6 +172,93 @@ pub fn keyed_bench(events: u64, keys: u64, parallelism: u32, tally: &Path) -> Jo
     job
 }
 
+/// A Nexmark query over the first `events` generated events (see [`cutline_nexmark`]), every row a
+/// JSON line in `output` through the transactional file sink. With `pace_us > 0` the job sleeps that
+/// long at one bid in 64 (by price, so in every source subtask), so that a small run lasts long
+/// enough for drills.
+pub fn nexmark(query: Query, events: u64, parallelism: u32, output: &Path, pace_us: u64) -> Job {
+    let job = Job::new(format!("nexmark-{query}"));
+    job.set_parallelism(parallelism);
+    let mut events = cutline_nexmark::events(&job, events, parallelism);
+    if pace_us > 0 {
+        events = events.map(move |e: Event| {
+            if matches!(&e, Event::Bid(b) if b.price % 64 == 0) {
+                std::thread::sleep(std::time::Duration::from_micros(pace_us));
+            }
+            e
+        });
+    }
+    let sink = TransactionalFileSink::new(output, |r: &Row, buf: &mut Vec<u8>| {
+        serde_json::to_writer(&mut *buf, r).expect("a row serializes to JSON")
+    });
+    query.build(events).sink("rows", sink);
+    job
+}
+
+/// Check a Nexmark output directory (see [`nexmark`]) against the query's batch reference over the
+/// same events: the committed rows, normalized ([`Query::normalize`]), must be exactly the
+/// reference's, each once. Returns the problems found (empty if the output is that of a run
+/// without failures).
+pub fn check_nexmark_output(query: Query, events: u64, dir: &Path) -> std::io::Result<Vec<String>> {
+    use std::collections::BTreeMap;
+    let mut problems = Vec::new();
+    let mut rows = Vec::new();
+    for name in committed_files(dir)? {
+        for line in std::fs::read_to_string(dir.join(&name))?.lines() {
+            match serde_json::from_str::<Row>(line) {
+                Ok(r) => rows.push(r),
+                Err(e) => problems.push(format!("malformed line {line:?} in {name}: {e}")),
+            }
+        }
+    }
+    let rows = match query.normalize(rows) {
+        Ok(rows) => rows,
+        Err(e) => {
+            problems.push(e);
+            return Ok(problems);
+        }
+    };
+    // Rows with how often they were committed (positive) or expected (negative).
+    let mut balance: BTreeMap<Row, i64> = BTreeMap::new();
+    let want = cutline_nexmark::reference::reference(query, events);
+    let (got_n, want_n) = (rows.len(), want.len());
+    for r in rows {
+        *balance.entry(r).or_default() += 1;
+    }
+    for r in want {
+        *balance.entry(r).or_default() -= 1;
+    }
+    let (extra, missing): (Vec<_>, Vec<_>) = balance.into_iter().filter(|(_, n)| *n != 0).partition(|(_, n)| *n > 0);
+    if !extra.is_empty() || !missing.is_empty() {
+        problems.push(format!(
+            "{query}: {got_n} rows committed, the reference has {want_n}: {} not in the reference or committed more often, {} missing",
+            extra.len(),
+            missing.len()
+        ));
+        for (r, n) in extra.iter().take(5) {
+            problems.push(format!("committed {n} time(s) too many: {r}"));
+        }
+        for (r, n) in missing.iter().take(5) {
+            problems.push(format!("missing {} time(s): {r}", -n));
+        }
+    }
+    problems.truncate(20);
+    Ok(problems)
+}
+
+/// The committed `part-*` files of a transactional file sink's directory, by name.
+fn committed_files(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.starts_with("part-") {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
 /// Check a word-count output directory against the counts of `text`: for every word, the committed
 /// lines must be exactly `WORD<TAB>1` .. `WORD<TAB>n`, each once. Returns the problems found (empty if
 /// the output is exactly that of a run without failures).
@@ -180,13 +270,8 @@ pub fn check_wordcount_output(text: &str, dir: &Path) -> std::io::Result<Vec<Str
     }
     let mut seen: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     let mut problems = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("part-") {
-            continue;
-        }
-        for line in std::fs::read_to_string(entry.path())?.lines() {
+    for name in committed_files(dir)? {
+        for line in std::fs::read_to_string(dir.join(&name))?.lines() {
             match line.split_once('\t').and_then(|(w, c)| c.parse::<u64>().ok().map(|c| (w, c))) {
                 Some((w, c)) => seen.entry(w.to_string()).or_default().push(c),
                 None => problems.push(format!("malformed line {line:?} in {name}")),

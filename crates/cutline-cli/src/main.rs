@@ -40,7 +40,7 @@ fn bench_postgres(_: &str, _: u64, _: u64, _: u64, _: &str, _: u32) -> anyhow::R
 use clap::{Parser, Subcommand};
 use cluster_cmd::{launch_cluster, worker};
 use demo::{demo, drill};
-use run::run_wordcount;
+use run::{run_nexmark, run_wordcount};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -317,6 +317,7 @@ fn main() {
     logging::init(cli.verbose || matches!(cli.cmd, Cmd::Demo { .. }));
     let result = match cli.cmd {
         Cmd::Run { job: RunJob::Wordcount(args) } => run_wordcount(&args),
+        Cmd::Run { job: RunJob::Nexmark(args) } => run_nexmark(&args),
         Cmd::Demo { dir } => demo(dir),
         Cmd::Checkpoints { state } => list_checkpoints(&state),
         Cmd::Tune { state, settings } => tune(&state, &settings),

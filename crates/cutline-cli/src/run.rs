@@ -1,7 +1,8 @@
-//! `cutline run wordcount`: the word-count job, embedded or as the coordinator of a cluster, with its
-//! admin socket, stopped cleanly by SIGTERM or SIGINT.
+//! `cutline run wordcount` (the word-count job, embedded or as the coordinator of a cluster) and
+//! `cutline run nexmark` (a Nexmark query into files), with their admin socket, stopped cleanly by
+//! SIGTERM or SIGINT.
 
-use crate::args::{ms_flag, open_store, parse_interval, read_secret, WordcountArgs};
+use crate::args::{ms_flag, open_store, parse_interval, read_secret, NexmarkArgs, WordcountArgs};
 use anyhow::{bail, Context, Result};
 use cutline::admin::{self, AdminError};
 use cutline::cluster::ClusterConfig;
@@ -101,20 +102,7 @@ pub(crate) fn wordcount_config(
     // before creating anything.
     let output = absolute_output(output)?;
     let fingerprint = format!("wordcount input={} output={}", input.name(), output.name());
-    if state.join("job.meta").exists() {
-        let store = LocalDirStore::open_existing(state)
-            .with_context(|| format!("cannot open state directory {}", state.display()))?;
-        if let Some(m) = store.read_meta()? {
-            if m.job_fingerprint != fingerprint {
-                bail!(
-                    "the state directory {} belongs to job {:?}, not {:?}: use another --state directory",
-                    state.display(),
-                    m.job_fingerprint,
-                    fingerprint
-                );
-            }
-        }
-    }
+    check_state_belongs_to(state, &fingerprint)?;
     let from_savepoint = match from_savepoint {
         Some(sp) => Some(check_savepoint(sp, &fingerprint)?),
         None => None,
@@ -138,6 +126,25 @@ pub(crate) fn wordcount_config(
     cfg.checkpoint.mode = mode;
     cfg.from_savepoint = from_savepoint;
     Ok((graph, cfg))
+}
+
+/// Refuse a state directory that holds another job's checkpoints, before anything is created.
+fn check_state_belongs_to(state: &Path, fingerprint: &str) -> Result<()> {
+    if state.join("job.meta").exists() {
+        let store = LocalDirStore::open_existing(state)
+            .with_context(|| format!("cannot open state directory {}", state.display()))?;
+        if let Some(m) = store.read_meta()? {
+            if m.job_fingerprint != fingerprint {
+                bail!(
+                    "the state directory {} belongs to job {:?}, not {:?}: use another --state directory",
+                    state.display(),
+                    m.job_fingerprint,
+                    fingerprint
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Check that `path` is a savepoint of the job `fingerprint` names before anything is created; the
@@ -208,7 +215,6 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
             a.state.display()
         );
     }
-    let socket = a.state.join(admin::SOCKET_FILE);
     let store = cfg.store.clone();
     let handle = match &a.cluster.coordinator {
         None => cutline::spawn(graph, cfg),
@@ -245,6 +251,44 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
             cutline::cluster::spawn_cluster(graph, cfg, cluster)?
         }
     };
+    supervise(handle, &a.state, store)
+}
+
+/// `cutline run nexmark`: a Nexmark query into a directory, embedded.
+pub(crate) fn run_nexmark(a: &NexmarkArgs) -> Result<()> {
+    let mut checkpoint = CheckpointConfig {
+        interval_ms: parse_interval(&a.checkpoint_interval)?,
+        mode: a.mode.parse().map_err(anyhow::Error::msg)?,
+        ..CheckpointConfig::default()
+    };
+    a.tuning.apply(&mut checkpoint)?;
+    if a.parallelism == 0 {
+        bail!("--parallelism must be at least 1");
+    }
+    let output = std::path::absolute(&a.output)
+        .with_context(|| format!("cannot make output path {} absolute", a.output.display()))?;
+    // The query, the events and the output name the job; the parallelism may change between runs.
+    let fingerprint = format!("nexmark query={} events={} output={}", a.query, a.events, output.display());
+    check_state_belongs_to(&a.state, &fingerprint)?;
+    let graph = cutline_cli::jobs::nexmark(a.query, a.events, a.parallelism, &output, a.pace_us).build()?;
+    check_writable_dir(&output, "output")?;
+    check_writable_dir(&a.state, "state")?;
+    let store: Arc<dyn CheckpointStore> = Arc::new(
+        LocalDirStore::open(&a.state).with_context(|| format!("cannot open state directory {}", a.state.display()))?,
+    );
+    let mut cfg = RunConfig::new(store.clone(), fingerprint);
+    cfg.checkpoint = checkpoint;
+    if let Some(spec) = &a.kill_self_at {
+        cfg.faults = kill_self_at(spec)?;
+    }
+    cfg.savepoint_dir = Some(std::path::absolute(a.state.join("savepoints"))?);
+    supervise(cutline::spawn(graph, cfg), &a.state, store)
+}
+
+/// Serve the admin socket of a running job, stop it cleanly on SIGTERM or SIGINT, wait for its end
+/// and say how it ended.
+fn supervise(handle: cutline::JobHandle, state: &Path, store: Arc<dyn CheckpointStore>) -> Result<()> {
+    let socket = state.join(admin::SOCKET_FILE);
     // From here on SIGTERM and SIGINT stop the job cleanly (a second one exits at once).
     let signals = crate::signals::StopOnSignal::install(handle.control(), &socket)?;
     // Serve the admin socket only once the job answers: it then holds the state directory's lock, so
@@ -258,7 +302,7 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
                     event = "admin_socket",
                     "admin socket {} (cutline status|tune|savepoint --state {})",
                     shown.display(),
-                    a.state.display()
+                    state.display()
                 );
                 Some(server)
             }

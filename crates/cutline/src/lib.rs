@@ -58,8 +58,8 @@ pub use cutline_core::watermark::{EventTime, WatermarkUpdate};
 pub use cutline_core::{CheckpointId, Generation};
 pub use cutline_storage::{CheckpointStore, GenerationRecord, LocalDirStore, Manifest, MemStore};
 pub use dataflow::{
-    ConnectedStreams, EdgeKind, Either, GraphError, Job, JobGraph, KeyedProcess, KeyedStream, Output, Stream,
-    WatermarkStrategy, Window, WindowedStream, Windows, DEFAULT_BATCH_SIZE, WATERMARK_EVERY_RECORDS,
+    ConnectedStreams, EdgeKind, Either, GraphError, Job, JobGraph, JoinedStreams, KeyedProcess, KeyedStream, Output,
+    Stream, WatermarkStrategy, Window, WindowedStream, Windows, DEFAULT_BATCH_SIZE, WATERMARK_EVERY_RECORDS,
 };
 pub use error::{ConnectorError, ConnectorResult, TaskError};
 #[cfg(feature = "testing")]

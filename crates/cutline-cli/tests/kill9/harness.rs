@@ -41,14 +41,38 @@ pub(crate) fn wordcount_args(
     a.push("--state".into());
     a.push(state.into());
     a.extend(["--parallelism".into(), parallelism.to_string().into()]);
-    // "unaligned" and "aligned-timeout" are exactly-once with unaligned checkpoints, or aligned ones
-    // that switch after 2 ms.
+    a.extend(checkpoint_args(interval, mode));
+    a
+}
+
+/// `cutline run nexmark` of `query` over `events` generated events, paced by `pace_us` (see
+/// `--pace-us`), into `output`.
+pub(crate) fn nexmark_args(
+    (query, events, pace_us): (&str, u64, u64),
+    output: &Path,
+    state: &Path,
+    parallelism: u32,
+    interval: &str,
+    mode: &str,
+) -> Vec<OsString> {
+    let mut a: Vec<OsString> = ["run", "nexmark", "--query", query].iter().map(OsString::from).collect();
+    a.extend(["--events".into(), events.to_string().into(), "--pace-us".into(), pace_us.to_string().into()]);
+    a.extend(["--output".into(), output.into(), "--state".into(), state.into()]);
+    a.extend(["--parallelism".into(), parallelism.to_string().into()]);
+    a.extend(checkpoint_args(interval, mode));
+    a
+}
+
+/// The checkpoint flags of `mode`: "unaligned" and "aligned-timeout" are exactly-once with unaligned
+/// checkpoints, or aligned ones that switch after 2 ms; any other mode is passed as `--mode`.
+fn checkpoint_args(interval: &str, mode: &str) -> Vec<OsString> {
     let (mode, extra): (&str, &[&str]) = match mode {
         "unaligned" => ("exactly-once", &["--unaligned"]),
         "aligned-timeout" => ("exactly-once", &["--alignment-timeout", "2ms"]),
         m => (m, &[]),
     };
-    a.extend(["--checkpoint-interval".into(), interval.into(), "--mode".into(), mode.into(), "-v".into()]);
+    let mut a: Vec<OsString> = vec!["--checkpoint-interval".into(), interval.into(), "--mode".into(), mode.into()];
+    a.push("-v".into());
     a.extend(extra.iter().map(OsString::from));
     a
 }
@@ -191,13 +215,25 @@ pub(crate) struct KillScenario {
     pub(crate) default_seed: u64,
     pub(crate) parallelism: u32,
     pub(crate) mode: &'static str,
+    pub(crate) job: KillJob,
+}
+
+/// The job a kill scenario runs.
+pub(crate) enum KillJob {
+    /// Word count over a generated text of `KILL_INPUT_LINES` lines.
+    Wordcount,
+    /// A Nexmark query over generated events: (query, events, --pace-us).
+    Nexmark(&'static str, u64, u64),
 }
 
 /// What the kill loop leaves for the checks.
 pub(crate) struct KillOutcome {
     pub(crate) ctx: Ctx,
     pub(crate) scratch: Scratch,
+    /// Word count's input (empty for a Nexmark job).
     pub(crate) text: String,
+    /// A Nexmark job's query and events.
+    pub(crate) nexmark: Option<(cutline_nexmark::Query, u64)>,
     pub(crate) output: PathBuf,
     pub(crate) args: Vec<OsString>,
     pub(crate) deadline: Instant,
@@ -211,12 +247,21 @@ pub(crate) fn kill_and_resume(sc: &KillScenario) -> KillOutcome {
     let deadline = started + SCENARIO_TIME_LIMIT;
     let ctx = Ctx { test: sc.test, seed: seed_for(sc.default_seed) };
     let scratch = Scratch::new(&format!("kill9-{}", sc.test));
-    let text = generate_text(ctx.seed, KILL_INPUT_LINES);
-    let input = scratch.path("input.txt");
-    std::fs::write(&input, &text).unwrap_or_else(|e| ctx.fail(format!("writing {}: {e}", input.display())));
     let output = scratch.path("output");
     let state = scratch.path("state");
-    let args = wordcount_args(&input, &output, &state, sc.parallelism, CHECKPOINT_INTERVAL, sc.mode);
+    let (text, args) = match sc.job {
+        KillJob::Wordcount => {
+            let text = generate_text(ctx.seed, KILL_INPUT_LINES);
+            let input = scratch.path("input.txt");
+            std::fs::write(&input, &text).unwrap_or_else(|e| ctx.fail(format!("writing {}: {e}", input.display())));
+            let args = wordcount_args(&input, &output, &state, sc.parallelism, CHECKPOINT_INTERVAL, sc.mode);
+            (text, args)
+        }
+        KillJob::Nexmark(query, events, pace_us) => {
+            let job = (query, events, pace_us);
+            (String::new(), nexmark_args(job, &output, &state, sc.parallelism, CHECKPOINT_INTERVAL, sc.mode))
+        }
+    };
 
     // A different stream than the text's, so that changing KILL_INPUT_LINES does not change the delays.
     let mut rng = XorShift::new(ctx.seed ^ 0x6b69_6c6c_2d39);
@@ -272,7 +317,11 @@ pub(crate) fn kill_and_resume(sc: &KillScenario) -> KillOutcome {
     let events: Vec<LogEvent> =
         runs.iter().flat_map(|r| common::events(&common::read_lossy(&r.with_extension("stderr")))).collect();
     check_checkpoints(&ctx, sc.mode, &events, &delays);
-    KillOutcome { ctx, scratch, text, output, args, deadline }
+    let nexmark = match sc.job {
+        KillJob::Wordcount => None,
+        KillJob::Nexmark(query, events, _) => Some((query.parse().unwrap_or_else(|e: String| ctx.fail(e)), events)),
+    };
+    KillOutcome { ctx, scratch, text, nexmark, output, args, deadline }
 }
 
 /// What the runs' events must show: a restore from a checkpoint (else every kill landed before the
@@ -315,10 +364,14 @@ pub(crate) fn check_checkpoints(ctx: &Ctx, mode: &str, events: &[LogEvent], dela
     }
 }
 
-/// Exactly-once check: `check_wordcount_output` must find nothing.
+/// Exactly-once check: `check_wordcount_output` (of a Nexmark job: `check_nexmark_output`) must
+/// find nothing.
 pub(crate) fn assert_exact_output(o: &KillOutcome) {
-    let problems = cutline_cli::jobs::check_wordcount_output(&o.text, &o.output)
-        .unwrap_or_else(|e| o.ctx.fail(format!("cannot read the output {}: {e}", o.output.display())));
+    let problems = match o.nexmark {
+        None => cutline_cli::jobs::check_wordcount_output(&o.text, &o.output),
+        Some((query, events)) => cutline_cli::jobs::check_nexmark_output(query, events, &o.output),
+    }
+    .unwrap_or_else(|e| o.ctx.fail(format!("cannot read the output {}: {e}", o.output.display())));
     if !problems.is_empty() {
         let final_log = o.scratch.path("run-final");
         o.ctx.fail(format!(

@@ -122,3 +122,26 @@ fn state_dir_of_another_job_is_refused_and_left_unchanged() {
         }
     }
 }
+
+#[test]
+fn a_nexmark_job_refuses_an_unknown_query_and_another_jobs_state() {
+    let ctx = Ctx { test: "a_nexmark_job_refuses_an_unknown_query_and_another_jobs_state", seed: seed_for(8) };
+    let scratch = Scratch::new(&format!("kill9-{}", ctx.test));
+    let (output, state) = (scratch.path("output"), scratch.path("state"));
+    let deadline = Instant::now() + SHORT_RUN_TIME_LIMIT;
+    let args = nexmark_args(("q9", 1_000, 0), &output, &state, 1, "200ms", "exactly-once");
+    let log = scratch.path("run-q9");
+    let fin = run_until(&ctx, &args, &log, deadline);
+    assert_refused(&ctx, &args, &log, &fin, &["q9", "not implemented"]);
+
+    // A finished q2 job, then q5 on its state directory: refused, naming both.
+    let args = nexmark_args(("q2", 10_000, 0), &output, &state, 1, "200ms", "exactly-once");
+    let fin = run_until(&ctx, &args, &scratch.path("run-q2"), deadline);
+    if !fin.status.success() {
+        ctx.fail(format!("the q2 run failed\n{}", describe_run(&args, Some(fin.status), &scratch.path("run-q2"))));
+    }
+    let args = nexmark_args(("q5", 10_000, 0), &output, &state, 1, "200ms", "exactly-once");
+    let log = scratch.path("run-q5");
+    let fin = run_until(&ctx, &args, &log, deadline);
+    assert_refused(&ctx, &args, &log, &fin, &["belongs to job", "query=q2", "query=q5"]);
+}

@@ -12,6 +12,7 @@ mod body;
 pub(crate) mod emit;
 mod event_time;
 mod graph;
+mod join;
 mod keyed;
 mod keyed_stream;
 mod router;
@@ -23,6 +24,7 @@ pub use api::{ConnectedStreams, Either, GraphError, Job, KeyedStream, Stream};
 pub use emit::DEFAULT_BATCH_SIZE;
 pub use event_time::{WatermarkStrategy, WATERMARK_EVERY_RECORDS};
 pub use graph::{EdgeKind, JobGraph};
+pub use join::JoinedStreams;
 pub use keyed::{KeyedProcess, Output};
 pub use window::{Window, WindowedStream, Windows};
 
