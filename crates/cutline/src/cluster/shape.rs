@@ -1,4 +1,4 @@
-//! The shape of a job graph as the cluster compares it: stages (uid, parallelism, inputs, output),
+//! The shape of a job graph as the cluster compares it: stages (uid, parallelism, inputs, outputs),
 //! edges (from, to, kind) and the maximum parallelism. The coordinator sends its graph's shape with
 //! the job; a worker that built another shape from the same arguments (another binary, or a builder
 //! that reads its own configuration) refuses the job with the first difference named, instead of
@@ -16,7 +16,7 @@ pub(crate) struct StageShape {
     pub parallelism: u32,
     /// Edge indices.
     pub inputs: Vec<u32>,
-    pub output: Option<u32>,
+    pub outputs: Vec<u32>,
 }
 
 /// One edge of a [`GraphShape`].
@@ -47,7 +47,7 @@ impl GraphShape {
                     uid: s.uid.clone(),
                     parallelism: s.parallelism,
                     inputs: s.inputs.iter().map(|&e| e as u32).collect(),
-                    output: s.output.map(|e| e as u32),
+                    outputs: s.outputs.iter().map(|&e| e as u32).collect(),
                 })
                 .collect(),
             edges: graph
@@ -84,7 +84,7 @@ impl GraphShape {
                     a.uid, a.parallelism, b.parallelism
                 ));
             }
-            if a.inputs != b.inputs || a.output != b.output {
+            if a.inputs != b.inputs || a.outputs != b.outputs {
                 return Some(format!("stage {:?} is connected differently here and at the coordinator", a.uid));
             }
         }
@@ -129,7 +129,7 @@ mod tests {
                     uid: format!("s{i}"),
                     parallelism: p,
                     inputs: if i == 0 { vec![] } else { vec![i as u32 - 1] },
-                    output: (i + 1 < parallelism.len()).then_some(i as u32),
+                    outputs: (i + 1 < parallelism.len()).then_some(i as u32).into_iter().collect(),
                 })
                 .collect(),
             edges: kinds

@@ -60,14 +60,62 @@ pub struct GraphError {
 pub(super) type ChainFn<T> =
     Arc<dyn Fn(&mut StageCtx<'_>, Box<dyn Emit<T>>) -> Result<Box<dyn TaskBody>, TaskError> + Send + Sync>;
 
+/// Builds, at deploy, the tail a part's chain ends in: a router to its output edge, a sink, or
+/// (at a fork) the element feeding both branches' tails.
+pub(super) type TailFn<T> = Arc<dyn Fn(&mut StageCtx<'_>) -> Result<Box<dyn Emit<T>>, TaskError> + Send + Sync>;
+
+/// Registers a fork branch's tail with its fork (build time).
+pub(super) type RegisterFn<T> = Rc<dyn Fn(&Job, TailFn<T>)>;
+
+/// What a part of a stream is, seen from its open end.
+pub(super) enum Link<T> {
+    /// The stage's chain up to here: given its tail, the task body.
+    Head(ChainFn<T>),
+    /// A branch of a fork ([`Stream::tee`], [`Stream::split`]): given the branch's tail, register
+    /// it with the fork, which closes the stage once every branch is closed.
+    Branch(RegisterFn<T>),
+}
+
+impl<T> Clone for Link<T> {
+    fn clone(&self) -> Self {
+        match self {
+            Link::Head(c) => Link::Head(c.clone()),
+            Link::Branch(r) => Link::Branch(r.clone()),
+        }
+    }
+}
+
 pub(super) struct Part<T> {
     pub(super) stage: usize,
-    pub(super) chain: ChainFn<T>,
+    pub(super) link: Link<T>,
 }
 
 impl<T> Clone for Part<T> {
     fn clone(&self) -> Self {
-        Part { stage: self.stage, chain: self.chain.clone() }
+        Part { stage: self.stage, link: self.link.clone() }
+    }
+}
+
+impl<T: Send + 'static> Part<T> {
+    /// The open end of a new stage's chain.
+    pub(super) fn head(stage: usize, chain: ChainFn<T>) -> Part<T> {
+        Part { stage, link: Link::Head(chain) }
+    }
+
+    /// End this part in `tail`: the stage's factory builds the tail, then the chain in front of it.
+    pub(super) fn close(self, job: &Job, tail: TailFn<T>) {
+        match self.link {
+            Link::Head(chain) => {
+                let factory: StageFactory = Arc::new(move |ctx| {
+                    let t = tail(ctx)?;
+                    chain(ctx, t)
+                });
+                let mut b = job.inner.borrow_mut();
+                assert!(b.stages[self.stage].factory.is_none(), "stage {} closed twice", b.stages[self.stage].uid);
+                b.stages[self.stage].factory = Some(factory);
+            }
+            Link::Branch(register) => register(job, tail),
+        }
     }
 }
 
@@ -163,7 +211,7 @@ impl Job {
             parallelism: parallelism.max(1),
             state_uids,
             inputs: vec![],
-            output: None,
+            outputs: vec![],
             factory: None,
         });
         b.stages.len() - 1
@@ -253,7 +301,7 @@ impl Job {
                 .map_err(|error| TaskError::Source { uid: uid.clone(), error })?;
             Ok(Box::new(SourceBody::new(ctx, uid.clone(), s, tail)) as Box<dyn TaskBody>)
         });
-        Stream { job: self.clone(), parts: vec![Part { stage, chain }] }
+        Stream { job: self.clone(), parts: vec![Part::head(stage, chain)] }
     }
 
     /// Validate and freeze the graph.
@@ -316,13 +364,24 @@ impl<T: Send + 'static> Stream<T> {
             .parts
             .into_iter()
             .map(|p| {
-                let prev = p.chain.clone();
                 let wrap = wrap.clone();
-                let chain: ChainFn<U> = Arc::new(move |ctx, tail| {
-                    let head = wrap(ctx, tail)?;
-                    prev(ctx, head)
-                });
-                Part { stage: p.stage, chain }
+                let link = match p.link {
+                    Link::Head(prev) => Link::Head(Arc::new(move |ctx, tail| {
+                        let head = wrap(ctx, tail)?;
+                        prev(ctx, head)
+                    })),
+                    Link::Branch(register) => Link::Branch(Rc::new(move |job: &Job, tail: TailFn<U>| {
+                        let wrap = wrap.clone();
+                        register(
+                            job,
+                            Arc::new(move |ctx| {
+                                let t = tail(ctx)?;
+                                wrap(ctx, t)
+                            }),
+                        )
+                    })),
+                };
+                Part { stage: p.stage, link }
             })
             .collect();
         Stream { job: self.job, parts }
@@ -392,20 +451,22 @@ impl<T: Data> Stream<T> {
     ) -> Job {
         let job = self.job.clone();
         for p in self.parts {
-            let mut b = job.inner.borrow_mut();
-            let edge = b.edges.len();
-            b.edges.push(EdgeSpec { from: p.stage, to, kind, channels: channel_factory::<T>() });
-            b.stages[to].inputs.push(edge);
-            assert!(b.stages[p.stage].output.is_none(), "stage {} consumed twice", b.stages[p.stage].uid);
-            b.stages[p.stage].output = Some(edge);
-            let chain = p.chain.clone();
+            let edge = {
+                let mut b = job.inner.borrow_mut();
+                let edge = b.edges.len();
+                b.edges.push(EdgeSpec { from: p.stage, to, kind, channels: channel_factory::<T>() });
+                b.stages[to].inputs.push(edge);
+                b.stages[p.stage].outputs.push(edge);
+                edge
+            };
             let part_fn = part_fn.clone();
-            let factory: StageFactory = Arc::new(move |ctx| {
-                let outs = ctx.take_output::<T>();
-                let router = Router::new(outs, part_fn(), ctx.batch_size);
-                chain(ctx, Box::new(router))
-            });
-            b.stages[p.stage].factory = Some(factory);
+            p.close(
+                &job,
+                Arc::new(move |ctx| {
+                    let outs = ctx.take_output::<T>(edge);
+                    Ok(Box::new(Router::new(outs, part_fn(), ctx.batch_size)) as Box<dyn Emit<T>>)
+                }),
+            );
         }
         job
     }
@@ -430,7 +491,7 @@ impl<T: Data> Stream<T> {
             let inputs = ctx.take_inputs::<T>();
             Ok(Box::new(InputBody::new(ctx, inputs, Box::new(Identity { next: tail }))?) as Box<dyn TaskBody>)
         });
-        Stream { job, parts: vec![Part { stage, chain }] }
+        Stream { job, parts: vec![Part::head(stage, chain)] }
     }
 
     /// Spread records round-robin over a new stage of `parallelism` tasks.
@@ -497,24 +558,22 @@ impl<T: Data> Stream<T> {
                 }
                 b.stages[p.stage].state_uids.push(uid_s.clone());
             }
-            let chain = p.chain.clone();
             let make = make.clone();
             let uid = uid_s.clone();
-            let factory: StageFactory = Arc::new(move |ctx| {
-                let sctx = SinkContext {
-                    uid: uid.clone(),
-                    subtask: ctx.subtask,
-                    parallelism: ctx.parallelism,
-                    incarnation: ctx.incarnation,
-                    job: ctx.job_id.clone(),
-                };
-                let sink = make(&sctx);
-                let emit = SinkEmit::open(sink, sctx, ctx.restore, ctx.faults.clone())?;
-                chain(ctx, Box::new(emit))
-            });
-            let mut b = job.inner.borrow_mut();
-            assert!(b.stages[p.stage].factory.is_none());
-            b.stages[p.stage].factory = Some(factory);
+            p.close(
+                &job,
+                Arc::new(move |ctx| {
+                    let sctx = SinkContext {
+                        uid: uid.clone(),
+                        subtask: ctx.subtask,
+                        parallelism: ctx.parallelism,
+                        incarnation: ctx.incarnation,
+                        job: ctx.job_id.clone(),
+                    };
+                    let sink = make(&sctx);
+                    Ok(Box::new(SinkEmit::open(sink, sctx, ctx.restore, ctx.faults.clone())?) as Box<dyn Emit<T>>)
+                }),
+            );
         }
     }
 

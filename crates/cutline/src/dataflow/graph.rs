@@ -27,8 +27,8 @@ pub(crate) struct StageCtx<'a> {
     pub batch_size: usize,
     /// Per input edge, in the stage's input order: a boxed `Vec<Rx<T>>`.
     pub inputs: Vec<Box<dyn Any + Send>>,
-    /// The boxed `Vec<Tx<T>>` of the stage's output edge, if it has one.
-    pub output: Option<Box<dyn Any + Send>>,
+    /// Per output edge (by edge index, in the stage's output order): a boxed `Vec<Tx<T>>`.
+    pub outputs: Vec<(usize, Option<Box<dyn Any + Send>>)>,
 }
 
 impl StageCtx<'_> {
@@ -40,13 +40,10 @@ impl StageCtx<'_> {
         }
         all
     }
-    pub fn take_output<T: Send + 'static>(&mut self) -> Vec<Tx<T>> {
-        *self
-            .output
-            .take()
-            .expect("stage has no output edge")
-            .downcast()
-            .expect("output edge carries another record type")
+    /// The senders of output edge `edge`.
+    pub fn take_output<T: Send + 'static>(&mut self, edge: usize) -> Vec<Tx<T>> {
+        let (_, out) = self.outputs.iter_mut().find(|(e, _)| *e == edge).expect("not an output edge of this stage");
+        *out.take().expect("output edge taken once").downcast().expect("output edge carries another record type")
     }
 }
 
@@ -161,7 +158,8 @@ pub(crate) struct StageSpec {
     /// Ids of the stateful elements in this stage (checked against checkpoints).
     pub state_uids: Vec<String>,
     pub inputs: Vec<usize>,
-    pub output: Option<usize>,
+    /// Output edges: none for a stage ending in sinks, several after a fork.
+    pub outputs: Vec<usize>,
     pub factory: Option<StageFactory>,
 }
 
@@ -211,7 +209,7 @@ impl JobGraph {
         let mut s = String::new();
         for st in self.stages.iter() {
             s.push_str(&format!("{}[{}]", st.uid, st.parallelism));
-            if let Some(o) = st.output {
+            for &o in &st.outputs {
                 let e = &self.edges[o];
                 s.push_str(&format!(" -{:?}-> {}", e.kind, self.stages[e.to].uid));
             }

@@ -69,7 +69,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
             op.restore(ctx.restore, ctx.subtask, ctx.parallelism)?;
             Ok(Box::new(InputBody::new(ctx, inputs, Box::new(op))?) as Box<dyn TaskBody>)
         });
-        Stream { job, parts: vec![Part { stage, chain }] }
+        Stream { job, parts: vec![Part::head(stage, chain)] }
     }
 
     /// Running reduction per key; emits the new value after every record.

@@ -11,6 +11,7 @@ mod api;
 mod body;
 pub(crate) mod emit;
 mod event_time;
+mod fork;
 mod graph;
 mod join;
 mod keyed;

@@ -145,7 +145,11 @@ pub(crate) fn deploy_placed(
             let inputs =
                 st.inputs.iter().map(|&e| down_ends[e][sub as usize].take().expect("input end taken once")).collect();
             let input_probes = st.inputs.iter().flat_map(|&e| probes[e][sub as usize].iter().cloned()).collect();
-            let output = st.output.map(|e| up_ends[e][sub as usize].take().expect("output end taken once"));
+            let outputs = st
+                .outputs
+                .iter()
+                .map(|&e| (e, Some(up_ends[e][sub as usize].take().expect("output end taken once"))))
+                .collect();
             let mut ctx = StageCtx {
                 stage_uid: st.uid.clone(),
                 subtask: sub,
@@ -157,7 +161,7 @@ pub(crate) fn deploy_placed(
                 job_id: opts.job_id.clone(),
                 batch_size: opts.batch_size,
                 inputs,
-                output,
+                outputs,
             };
             let body = factory(&mut ctx)?;
             let id = TaskId(next_id);

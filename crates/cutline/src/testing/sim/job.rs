@@ -79,8 +79,9 @@ pub(super) fn parse_totals(line: &str) -> Option<(u64, u64, u64)> {
 }
 
 /// The simulated job: two sources of different parallelism, connected into one keyed two-input
-/// operator whose state both inputs share, then a map and a transactional sink.
-pub(super) fn sim_job(o: &SimOptions, out: Arc<Mutex<MemoryTxnStore>>) -> JobGraph {
+/// operator whose state both inputs share, then forked: a map and a transactional sink behind a
+/// rebalance edge, and a second transactional sink fused into the operator's tasks.
+pub(super) fn sim_job(o: &SimOptions, out: Arc<Mutex<MemoryTxnStore>>, copy: Arc<Mutex<MemoryTxnStore>>) -> JobGraph {
     let keys = o.keys;
     let job = Job::new("sim");
     job.set_parallelism(2).set_max_parallelism(16);
@@ -98,14 +99,14 @@ pub(super) fn sim_job(o: &SimOptions, out: Arc<Mutex<MemoryTxnStore>>) -> JobGra
         .source_with_parallelism("right", 1, GeneratorSource::new(o.right_records, move |i| (right_key(i, keys), i)))
         .with_watermarks("right-wm", watermarks())
         .forward("right-fwd");
-    let spread = left
-        .union(rules)
-        .connect(right)
-        .key_by(|l: &(u64, u64)| l.0, |r: &(u64, u64)| r.0)
-        .process_with("join", Join)
-        // A rebalance edge from 2 to 3 subtasks, then the sink fused into them.
-        .rebalance("spread", 3)
-        .map(|s: String| s);
+    let spread =
+        left.union(rules).connect(right).key_by(|l: &(u64, u64)| l.0, |r: &(u64, u64)| r.0).process_with("join", Join);
+    // A fork: every line of the join also goes to a second sink fused into the join's tasks, which
+    // must commit exactly what the first one does.
+    let (spread, copied) = spread.tee();
+    copied.map(|s: String| s).sink("copy", MemoryTxnSink::new(copy));
+    // A rebalance edge from 2 to 3 subtasks, then the sink fused into them.
+    let spread = spread.rebalance("spread", 3).map(|s: String| s);
     // The sink in the design of the PostgreSQL sink (prepared transactions) or the Kafka sink
     // (records in the checkpoint, a marker written with them).
     if o.marker_sink {

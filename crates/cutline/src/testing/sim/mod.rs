@@ -194,6 +194,8 @@ pub(super) struct Sim {
     pub(super) rng: Arc<Mutex<Rng>>,
     pub(super) store: Arc<FaultyStore<MemStore>>,
     pub(super) out: Arc<Mutex<MemoryTxnStore>>,
+    /// What the second sink of the fork after the join committed.
+    pub(super) copy: Arc<Mutex<MemoryTxnStore>>,
     pub(super) graph: JobGraph,
     pub(super) now: TimeMs,
     pub(super) report: SimReport,
@@ -218,13 +220,15 @@ impl Sim {
             }
         }));
         let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
-        let graph = sim_job(&o, out.clone());
+        let copy = Arc::new(Mutex::new(MemoryTxnStore::default()));
+        let graph = sim_job(&o, out.clone(), copy.clone());
         Sim {
             seed,
             o,
             rng,
             store,
             out,
+            copy,
             graph,
             now: TimeMs(0),
             report: SimReport::default(),
@@ -304,6 +308,15 @@ impl Sim {
                         "seed {}: committed output differs from the failure-free run: {}",
                         self.seed,
                         diff(&expected, &got)
+                    ));
+                }
+                let mut copy = self.copy.lock().expect("copy").committed_records();
+                copy.sort();
+                if copy != expected {
+                    return Err(format!(
+                        "seed {}: the second sink of the fork committed other output than the failure-free run: {}",
+                        self.seed,
+                        diff(&expected, &copy)
                     ));
                 }
             }
