@@ -15,11 +15,25 @@ use std::sync::{Arc, Mutex};
 /// Events per side.
 const N: u64 = 3_000;
 const KEYS: u64 = 5;
-/// How far out of order the events are (up to `OUT_OF_ORDERNESS_MS[k] - 1` ms), and the watermarks'
-/// bound: none is late, and many arrive just above the watermark, where a join that forgets a
-/// record too early misses pairs. With 0, each source subtask's events are in time order and
-/// every record arrives within a few milliseconds of the watermark.
-const OUT_OF_ORDERNESS_MS: [u64; 2] = [200, 0];
+/// How the events of both sides lie in event time.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    /// How far out of order the events are (up to one less than this), and the watermarks' bound:
+    /// none is late, and many arrive just above the watermark, where a join that forgets a record
+    /// too early misses pairs. With 0, each source subtask's events are in time order and every
+    /// record arrives within a few milliseconds of its side's watermark.
+    ooo_ms: u64,
+    /// How far the right side's times run ahead of the left's: with a lead, the left side holds the
+    /// watermark back, so left records arrive just above it (where forgetting right records too
+    /// early shows), and right records far above it.
+    right_lead_ms: i64,
+}
+
+const SHAPES: [Shape; 3] = [
+    Shape { ooo_ms: 200, right_lead_ms: 0 },
+    Shape { ooo_ms: 0, right_lead_ms: 0 },
+    Shape { ooo_ms: 0, right_lead_ms: 400 },
+];
 
 /// An event: (key, event time, index).
 type Event = (u64, i64, u64);
@@ -35,12 +49,12 @@ fn jitter(i: u64, ooo_ms: u64) -> i64 {
     cutline::splitmix64(i).checked_rem(ooo_ms).unwrap_or(0) as i64
 }
 
-fn left(i: u64, ooo_ms: u64) -> Event {
-    (i % KEYS, burst_time(i) - jitter(i, ooo_ms), i)
+fn left(i: u64, s: Shape) -> Event {
+    (i % KEYS, burst_time(i) - jitter(i, s.ooo_ms), i)
 }
 
-fn right(j: u64, ooo_ms: u64) -> Event {
-    ((j * 3) % KEYS, burst_time(j) + 1 - jitter(j ^ 0x5151, ooo_ms), j)
+fn right(j: u64, s: Shape) -> Event {
+    ((j * 3) % KEYS, burst_time(j) + 1 + s.right_lead_ms - jitter(j ^ 0x5151, s.ooo_ms), j)
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -58,11 +72,11 @@ const CASES: [Join; 6] = [
     Join::Interval { lower_ms: 15, upper_ms: 90 },
 ];
 
-fn side(job: &Job, name: &str, ooo_ms: u64, f: fn(u64, u64) -> Event) -> Stream<Event> {
-    job.source_with_parallelism(name, 2, GeneratorSource::new(N, move |i| f(i, ooo_ms)))
+fn side(job: &Job, name: &str, shape: Shape, f: fn(u64, Shape) -> Event) -> Stream<Event> {
+    job.source_with_parallelism(name, 2, GeneratorSource::new(N, move |i| f(i, shape)))
         .with_watermarks(
             &format!("{name}-wm"),
-            WatermarkStrategy::bounded_out_of_orderness(ooo_ms, |e: &Event| EventTime(e.1)),
+            WatermarkStrategy::bounded_out_of_orderness(shape.ooo_ms, |e: &Event| EventTime(e.1)),
         )
         .map(|e: Event| {
             // Slow enough that channels fill and checkpoints happen during a run.
@@ -74,10 +88,10 @@ fn side(job: &Job, name: &str, ooo_ms: u64, f: fn(u64, u64) -> Event) -> Stream<
 }
 
 /// left, right -> join by key -> sink; a pair is `l<i>-r<j>` (and its window for window joins).
-fn job(join: Join, ooo_ms: u64, out: Arc<Mutex<MemoryTxnStore>>) -> JobGraph {
+fn job(join: Join, shape: Shape, out: Arc<Mutex<MemoryTxnStore>>) -> JobGraph {
     let job = Job::new("joins");
-    let l = side(&job, "left", ooo_ms, left).key_by(|e: &Event| e.0).parallelism(2);
-    let r = side(&job, "right", ooo_ms, right).key_by(|e: &Event| e.0);
+    let l = side(&job, "left", shape, left).key_by(|e: &Event| e.0).parallelism(2);
+    let r = side(&job, "right", shape, right).key_by(|e: &Event| e.0);
     let joined = l.join(r, |e: &Event| EventTime(e.1), |e: &Event| EventTime(e.1));
     let pairs = match join {
         Join::Window(w) => joined
@@ -91,10 +105,10 @@ fn job(join: Join, ooo_ms: u64, out: Arc<Mutex<MemoryTxnStore>>) -> JobGraph {
 }
 
 /// The join computed directly: every pair of a key's left and right events that qualifies.
-fn reference(join: Join, ooo_ms: u64) -> Vec<String> {
+fn reference(join: Join, shape: Shape) -> Vec<String> {
     let mut by_key: BTreeMap<u64, (Vec<Event>, Vec<Event>)> = BTreeMap::new();
     for i in 0..N {
-        let (a, b) = (left(i, ooo_ms), right(i, ooo_ms));
+        let (a, b) = (left(i, shape), right(i, shape));
         by_key.entry(a.0).or_default().0.push(a);
         by_key.entry(b.0).or_default().1.push(b);
     }
@@ -193,15 +207,15 @@ fn assert_same(got: &[String], want: &[String], what: &str) {
 #[test]
 fn joins_after_a_failure_equal_the_nested_loop_join_aligned_and_unaligned() {
     let mut in_flight_bytes = 0;
-    for (join, ooo_ms) in CASES.iter().flat_map(|j| OUT_OF_ORDERNESS_MS.map(|o| (*j, o))) {
-        let want = reference(join, ooo_ms);
-        println!("{join:?}, out of order by up to {ooo_ms} ms: {} pairs", want.len());
+    for (join, shape) in CASES.iter().flat_map(|j| SHAPES.map(|s| (*j, s))) {
+        let want = reference(join, shape);
+        println!("{join:?}, {shape:?}: {} pairs", want.len());
         assert!(want.len() > 40, "{join:?}: only {} pairs in the reference: the case tests little", want.len());
         for (unaligned, point, nth) in
             [(false, FaultPoint::ProcessBatch, 150), (true, FaultPoint::Snapshot, 4), (true, FaultPoint::SinkCommit, 3)]
         {
             let what = format!(
-                "{join:?}, events out of order by up to {ooo_ms} ms, {} checkpoints, failure at {point:?} #{nth}",
+                "{join:?}, {shape:?}, {} checkpoints, failure at {point:?} #{nth}",
                 if unaligned { "unaligned" } else { "aligned" }
             );
             let dir = tempfile::tempdir().unwrap();
@@ -209,7 +223,7 @@ fn joins_after_a_failure_equal_the_nested_loop_join_aligned_and_unaligned() {
             let mut cfg = config(dir.path(), unaligned);
             let seen = Arc::new(AtomicU64::new(0));
             cfg.faults = Faults::new(move |p| p == point && seen.fetch_add(1, Ordering::SeqCst) + 1 == nth);
-            let report = cutline::run(&job(join, ooo_ms, out.clone()), cfg).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let report = cutline::run(&job(join, shape, out.clone()), cfg).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert!(report.restarts >= 1, "{what}: the failure was never injected");
             if unaligned {
                 in_flight_bytes += report.checkpoints.iter().map(|c| c.channel_state_bytes).sum::<u64>();
@@ -225,8 +239,8 @@ fn joins_after_a_failure_equal_the_nested_loop_join_aligned_and_unaligned() {
 #[test]
 fn an_interval_join_with_its_bounds_reversed_is_refused_when_the_job_is_built() {
     let job = Job::new("bad-join");
-    let l = side(&job, "left", 0, left).key_by(|e: &Event| e.0);
-    let r = side(&job, "right", 0, right).key_by(|e: &Event| e.0);
+    let l = side(&job, "left", SHAPES[1], left).key_by(|e: &Event| e.0);
+    let r = side(&job, "right", SHAPES[1], right).key_by(|e: &Event| e.0);
     l.join(r, |e: &Event| EventTime(e.1), |e: &Event| EventTime(e.1))
         .interval("pairs", 10, -10, |_k, a: &Event, b: &Event| format!("l{}-r{}", a.2, b.2))
         .sink("out", MemoryTxnSink::new(Arc::new(Mutex::new(MemoryTxnStore::default()))));
