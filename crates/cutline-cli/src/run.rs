@@ -267,7 +267,8 @@ pub(crate) fn run_nexmark(a: &NexmarkArgs) -> Result<()> {
     }
     let output = std::path::absolute(&a.output)
         .with_context(|| format!("cannot make output path {} absolute", a.output.display()))?;
-    // The query, the events and the output name the job; the parallelism may change between runs.
+    // The query, the events and the output name the job. The parallelism does not: a change of it is
+    // refused when the restore reads the generator's offsets (they restore only at theirs).
     let fingerprint = format!("nexmark query={} events={} output={}", a.query, a.events, output.display());
     check_state_belongs_to(&a.state, &fingerprint)?;
     let graph = cutline_cli::jobs::nexmark(a.query, a.events, a.parallelism, &output, a.pace_us).build()?;
