@@ -49,7 +49,7 @@ pub mod testing;
 pub use channel::{ChannelStats, Data};
 pub use connectors::{
     DiscardSink, GeneratorSource, LineFileSource, LineOffset, MemoryTxnSink, MemoryTxnStore, PendingFile, PrintSink,
-    Sink, SinkContext, Source, SourceContext, SourceStatus, TransactionalFileSink,
+    Sink, SinkContext, Source, SourceContext, SourceStatus, SplitId, TransactionalFileSink,
 };
 pub use cutline_core::barrier::{Alignment, CheckpointMode, SnapshotKind};
 pub use cutline_core::coordinator::CheckpointConfig;
@@ -59,7 +59,8 @@ pub use cutline_core::{CheckpointId, Generation};
 pub use cutline_storage::{CheckpointStore, GenerationRecord, LocalDirStore, Manifest, MemStore};
 pub use dataflow::{
     ConnectedStreams, EdgeKind, Either, GraphError, Job, JobGraph, JoinedStreams, KeyedProcess, KeyedStream, Output,
-    Stream, WatermarkStrategy, Window, WindowedStream, Windows, DEFAULT_BATCH_SIZE, WATERMARK_EVERY_RECORDS,
+    Stream, WatermarkStrategy, Window, WindowedStream, Windows, DEFAULT_BATCH_SIZE, MAX_SPLITS_PER_SUBTASK,
+    WATERMARK_EVERY_RECORDS,
 };
 pub use error::{ConnectorError, ConnectorResult, TaskError};
 #[cfg(feature = "testing")]

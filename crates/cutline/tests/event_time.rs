@@ -5,9 +5,9 @@
 //! depends on exactly where the watermark was when each record arrived).
 
 use cutline::{
-    ConnectorResult, Either, EventTime, FaultPoint, Faults, GeneratorSource, Job, JobGraph, LocalDirStore,
-    MemoryTxnSink, MemoryTxnStore, RestartStrategy, RunConfig, RunError, Source, SourceStatus, WatermarkStrategy,
-    Windows,
+    ConnectorResult, Either, EventTime, FaultPoint, Faults, GeneratorSource, Job, JobGraph, KeyedStream, LocalDirStore,
+    MemoryTxnSink, MemoryTxnStore, RestartStrategy, RunConfig, RunError, Source, SourceStatus, SplitId, Stream,
+    WatermarkStrategy, Windows,
 };
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
@@ -65,59 +65,68 @@ fn job(s: &Shape, out: Arc<Mutex<MemoryTxnStore>>, early: Arc<AtomicU64>) -> Job
     let job = Job::new("event-time");
     let events = s.events;
     let g = generated.clone();
-    job.source_with_parallelism(
-        "events",
-        s.sources,
-        GeneratorSource::new(N, move |i| {
-            g.fetch_max(i, Ordering::Relaxed);
-            events(i)
-        }),
-    )
-    .with_watermarks(
-        "events-wm",
-        WatermarkStrategy::bounded_out_of_orderness(s.out_of_orderness_ms, |e: &Event| EventTime(e.1)),
-    )
-    .map(|e: Event| {
-        // Slow enough that channels fill and many checkpoints happen during a run.
-        if e.2.is_multiple_of(4) {
-            std::thread::sleep(std::time::Duration::from_micros(1));
-        }
-        e
-    })
-    .key_by(|e: &Event| e.0)
-    .parallelism(s.keyed)
-    .window(Windows::tumbling_ms(WINDOW_MS), |e: &Event| EventTime(e.1))
-    .allowed_lateness_ms(s.lateness_ms)
-    .aggregate_with_late(
-        "counts",
-        || 0u64,
-        |n, _e| *n += 1,
-        |n, m| *n += m,
-        move |k, w, n| {
-            if generated.load(Ordering::Relaxed) < N / 2 {
-                early.fetch_add(1, Ordering::Relaxed);
+    let keyed = job
+        .source_with_parallelism(
+            "events",
+            s.sources,
+            GeneratorSource::new(N, move |i| {
+                g.fetch_max(i, Ordering::Relaxed);
+                events(i)
+            }),
+        )
+        .with_watermarks(
+            "events-wm",
+            WatermarkStrategy::bounded_out_of_orderness(s.out_of_orderness_ms, |e: &Event| EventTime(e.1)),
+        )
+        .map(|e: Event| {
+            // Slow enough that channels fill and many checkpoints happen during a run.
+            if e.2.is_multiple_of(4) {
+                std::thread::sleep(std::time::Duration::from_micros(1));
             }
-            format!("{k}@{}:{n}", w.start.0)
-        },
-    )
-    .map(|r| match r {
-        Either::Left(result) => result,
-        Either::Right((_, _, i)) => format!("late:{i}"),
-    })
-    .sink_with_parallelism("out", 1, MemoryTxnSink::new(out));
+            e
+        })
+        .key_by(|e: &Event| e.0)
+        .parallelism(s.keyed);
+    counts(keyed, s.lateness_ms, move || generated.load(Ordering::Relaxed) < N / 2, early).sink_with_parallelism(
+        "out",
+        1,
+        MemoryTxnSink::new(out),
+    );
     job.build().expect("valid job")
 }
 
 /// Per (key, window start): the number of events, computed directly (no event is late).
 fn batch_counts() -> Vec<String> {
-    let mut n: BTreeMap<(u64, i64), u64> = BTreeMap::new();
-    for i in 0..N {
-        let (k, t, _) = in_bounds(i);
-        *n.entry((k, t - t.rem_euclid(WINDOW_MS as i64))).or_default() += 1;
-    }
-    let mut v: Vec<String> = n.iter().map(|((k, s), c)| format!("{k}@{s}:{c}")).collect();
-    v.sort();
-    v
+    counts_of((0..N).map(in_bounds))
+}
+
+/// Tumbling counts per key, `key@window-start:count`, with late records beside as `late:index`;
+/// `early` counts results emitted while `soon` holds (the input far from its end).
+fn counts(
+    keyed: KeyedStream<u64, Event>,
+    lateness_ms: u64,
+    soon: impl Fn() -> bool + Send + Sync + 'static,
+    early: Arc<AtomicU64>,
+) -> Stream<String> {
+    keyed
+        .window(Windows::tumbling_ms(WINDOW_MS), |e: &Event| EventTime(e.1))
+        .allowed_lateness_ms(lateness_ms)
+        .aggregate_with_late(
+            "counts",
+            || 0u64,
+            |n, _e| *n += 1,
+            |n, m| *n += m,
+            move |k, w, n| {
+                if soon() {
+                    early.fetch_add(1, Ordering::Relaxed);
+                }
+                format!("{k}@{}:{n}", w.start.0)
+            },
+        )
+        .map(|r| match r {
+            Either::Left(result) => result,
+            Either::Right((_, _, i)) => format!("late:{i}"),
+        })
 }
 
 /// `got` equals `want` (both sorted); on a difference, say what is missing and extra, briefly.
@@ -323,4 +332,188 @@ fn an_idle_source_does_not_hold_back_the_windows_of_the_others() {
         "the job waited for the silent source's end: its idleness did not release the windows"
     );
     assert_same(&committed(&out), &batch_counts(), "windows beside an idle source");
+}
+
+/// Records per split of [`Uneven`], and how far split 0 is read ahead of split 1.
+const SPLIT_RECORDS: u64 = N / 2;
+const HEAD: u64 = N / 4;
+
+/// The `j`th record of `split`: times 10 ms apart, in order within the split; the index tells the
+/// split (even: 0, odd: 1).
+fn split_event(split: u64, j: u64) -> Event {
+    (j % KEYS, j as i64 * 10 + split as i64 * 5, 2 * j + split)
+}
+
+/// What [`Uneven`] reads at position `p`: split 0's first [`HEAD`] records (a backlog read ahead,
+/// 50 s of event time), then both splits alternately, then the rest of split 1.
+fn uneven(p: u64) -> Event {
+    let alternating = 2 * (SPLIT_RECORDS - HEAD);
+    match p {
+        p if p < HEAD => split_event(0, p),
+        p if p - HEAD < alternating => {
+            let q = p - HEAD;
+            if q.is_multiple_of(2) {
+                split_event(1, q / 2)
+            } else {
+                split_event(0, HEAD + q / 2)
+            }
+        }
+        p => split_event(1, SPLIT_RECORDS - HEAD + (p - HEAD - alternating)),
+    }
+}
+
+/// One source subtask reading two splits unevenly ([`uneven`]); with `silent_split`, split 1 has
+/// no records at all (only split 0's are read, in order). It names its splits when `announce`.
+#[derive(Clone)]
+struct Uneven {
+    pos: u64,
+    announce: bool,
+    silent_split: bool,
+    splits: Vec<SplitId>,
+    /// The position, for the job's operators to see how far reading got.
+    progress: Arc<AtomicU64>,
+}
+
+impl Uneven {
+    fn new(announce: bool, silent_split: bool, progress: Arc<AtomicU64>) -> Uneven {
+        Uneven { pos: 0, announce, silent_split, splits: vec![SplitId(0), SplitId(1)], progress }
+    }
+    fn len(&self) -> u64 {
+        if self.silent_split {
+            SPLIT_RECORDS
+        } else {
+            N
+        }
+    }
+}
+
+impl Source for Uneven {
+    type Item = Event;
+    type Offset = u64;
+    fn open(&mut self, _s: u32, _p: u32, restored: Option<u64>) -> ConnectorResult<()> {
+        self.pos = restored.unwrap_or(0);
+        Ok(())
+    }
+    fn poll(&mut self, out: &mut Vec<Event>, max: usize) -> ConnectorResult<SourceStatus> {
+        let end = self.len().min(self.pos + max as u64);
+        for p in self.pos..end {
+            out.push(if self.silent_split { split_event(0, p) } else { uneven(p) });
+        }
+        self.pos = end;
+        self.progress.store(end, Ordering::Relaxed);
+        Ok(if end == self.len() { SourceStatus::Finished } else { SourceStatus::More })
+    }
+    fn offset(&self) -> u64 {
+        self.pos
+    }
+    fn splits(&self) -> &[SplitId] {
+        if self.announce {
+            &self.splits
+        } else {
+            &[]
+        }
+    }
+}
+
+/// Uneven -> watermarks (per split if `per_split`) -> tumbling counts with late records beside.
+/// `early` counts results emitted while the source was less than half through.
+fn split_job(
+    source: Uneven,
+    strategy: WatermarkStrategy<Event>,
+    out: Arc<Mutex<MemoryTxnStore>>,
+    early: Arc<AtomicU64>,
+) -> JobGraph {
+    let job = Job::new("splits");
+    let (progress, half) = (source.progress.clone(), source.len() / 2);
+    let keyed = job
+        .source("uneven", source)
+        .with_watermarks("uneven-wm", strategy)
+        .map(|e: Event| {
+            if e.2.is_multiple_of(64) {
+                std::thread::sleep(Duration::from_millis(1)); // some 300 ms in all: checkpoints and ticks happen
+            }
+            e
+        })
+        .key_by(|e: &Event| e.0);
+    counts(keyed, 0, move || progress.load(Ordering::Relaxed) < half, early).sink("out", MemoryTxnSink::new(out));
+    job.build().expect("valid job")
+}
+
+/// Per (key, window start): the number of `events`.
+fn counts_of(events: impl Iterator<Item = Event>) -> Vec<String> {
+    let mut n: BTreeMap<(u64, i64), u64> = BTreeMap::new();
+    for (k, t, _) in events {
+        *n.entry((k, t - t.rem_euclid(WINDOW_MS as i64))).or_default() += 1;
+    }
+    let mut v: Vec<String> = n.iter().map(|((k, s), c)| format!("{k}@{s}:{c}")).collect();
+    v.sort();
+    v
+}
+
+fn per_split(bound_ms: u64) -> WatermarkStrategy<Event> {
+    WatermarkStrategy::bounded_out_of_orderness(bound_ms, |e: &Event| EventTime(e.1))
+        .per_split(|e: &Event| SplitId(e.2 % 2))
+}
+
+#[test]
+fn a_split_read_ahead_does_not_make_the_other_splits_records_late() {
+    let run = |announce: bool, strategy: WatermarkStrategy<Event>, cfg: RunConfig| {
+        let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+        let source = Uneven::new(announce, false, Arc::new(AtomicU64::new(0)));
+        let report = cutline::run(&split_job(source, strategy, out.clone(), Arc::new(AtomicU64::new(0))), cfg);
+        (report.expect("runs"), committed(&out))
+    };
+    let late = |v: &[String]| v.iter().filter(|r| r.starts_with("late:")).count();
+    let want = counts_of((0..N).map(uneven));
+    // The controls: one watermark for the whole subtask, or per split without the source naming
+    // its splits (split 1 counts only from its first record, 50 s of event time behind): late records.
+    let dir = tempfile::tempdir().unwrap();
+    let whole = WatermarkStrategy::bounded_out_of_orderness(20, |e: &Event| EventTime(e.1));
+    let (_, got) = run(true, whole, config(dir.path(), false));
+    assert!(
+        late(&got) > 1000,
+        "a subtask-level watermark made {} records late: the scenario tests nothing",
+        late(&got)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (_, got) = run(false, per_split(20), config(dir.path(), false));
+    assert!(late(&got) > 1000, "per split without announced splits: {} late records", late(&got));
+    // Per split, announced: nothing late, the batch computation's counts, also after failures.
+    let dir = tempfile::tempdir().unwrap();
+    let (_, got) = run(true, per_split(20), config(dir.path(), false));
+    assert_same(&got, &want, "per-split watermarks");
+    for unaligned in [false, true] {
+        for (point, nth) in [(FaultPoint::ProcessBatch, 40), (FaultPoint::SinkCommit, 3)] {
+            let what = format!("per split, {point:?} #{nth}, unaligned {unaligned}");
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = config(dir.path(), unaligned);
+            let count = Arc::new(AtomicU64::new(0));
+            cfg.faults = Faults::new(move |p| p == point && count.fetch_add(1, Ordering::SeqCst) + 1 == nth);
+            cfg.restart = RestartStrategy::FixedDelay { delay_ms: 1, max_attempts: 3 };
+            let (report, got) = run(true, per_split(20), cfg);
+            assert!(report.restarts >= 1, "{what}: the failure was never injected");
+            assert_same(&got, &want, &what);
+        }
+    }
+}
+
+#[test]
+fn a_silent_split_stops_holding_time_back_after_the_idle_timeout() {
+    let run = |strategy: WatermarkStrategy<Event>| {
+        let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+        let early = Arc::new(AtomicU64::new(0));
+        let source = Uneven::new(true, true, Arc::new(AtomicU64::new(0)));
+        let dir = tempfile::tempdir().unwrap();
+        cutline::run(&split_job(source, strategy, out.clone(), early.clone()), config(dir.path(), false))
+            .expect("runs");
+        (early.load(Ordering::Relaxed), committed(&out))
+    };
+    let want = counts_of((0..SPLIT_RECORDS).map(|j| split_event(0, j)));
+    // Without a timeout, announced split 1 holds the watermark until the end of input.
+    let (early, got) = run(per_split(20));
+    assert_eq!(early, 0, "windows fired while a split without records held time back");
+    assert_same(&got, &want, "no idle timeout");
+    let (early, got) = run(per_split(20).with_idle_timeout_ms(30));
+    assert!(early > 0, "no window fired before the end of input: the silent split held time back");
+    assert_same(&got, &want, "split 1 idle");
 }

@@ -24,4 +24,4 @@ pub use line_file::{LineFileSource, LineOffset, MAX_LINE_BYTES};
 pub use memory::{MarkedEpoch, MemoryMarkerSink, MemoryTxnSink, MemoryTxnStore};
 pub use simple::{DiscardSink, PrintSink};
 pub use sink::{Sink, SinkContext};
-pub use source::{Source, SourceContext, SourceStatus};
+pub use source::{Source, SourceContext, SourceStatus, SplitId};

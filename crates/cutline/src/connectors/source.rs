@@ -19,6 +19,14 @@ pub enum SourceStatus {
     Finished,
 }
 
+/// One split of a source subtask's input (a Kafka partition, a file), as far as event time goes:
+/// with [`WatermarkStrategy::per_split`](crate::WatermarkStrategy::per_split), watermarks are
+/// generated per split and the subtask's watermark is the minimum over its active splits, so a split
+/// read ahead of the others does not make their records late. Any stable number works (a hash of the
+/// topic and partition, a file's index); it is stored in checkpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize)]
+pub struct SplitId(pub u64);
+
 /// Where a source instance runs: what a source factory ([`Job::source_from`](crate::Job::source_from))
 /// is given.
 #[derive(Clone, Debug)]
@@ -78,6 +86,14 @@ pub trait Source: Send + 'static {
     fn checkpoint_complete(&mut self, checkpoint: CheckpointId, offset: &Self::Offset) -> ConnectorResult<()> {
         let _ = (checkpoint, offset);
         Ok(())
+    }
+    /// The splits this subtask reads now, for per-split watermarks
+    /// ([`WatermarkStrategy::per_split`](crate::WatermarkStrategy::per_split)): each holds the
+    /// subtask's watermark back until it has records, so a split that has not delivered yet cannot
+    /// be overtaken. Leave out a split whose bounded input is finished. Asked after every poll; empty
+    /// (the default): the source does not know its splits, and a split counts once it has a record.
+    fn splits(&self) -> &[SplitId] {
+        &[]
     }
     /// The task ends normally: release connections and files.
     fn close(&mut self) -> ConnectorResult<()> {

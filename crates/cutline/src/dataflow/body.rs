@@ -6,7 +6,7 @@
 use super::emit::{Emit, Pending};
 use super::graph::StageCtx;
 use crate::channel::{Data, InFlight, Message, Rx, Taken};
-use crate::connectors::{Source, SourceStatus};
+use crate::connectors::{Source, SourceStatus, SplitId};
 use crate::error::{ConnectorError, TaskError};
 use crate::state::{encode_plain, ElementState, SnapshotBuilder, StateImage};
 use cutline_core::barrier::Barrier;
@@ -355,6 +355,8 @@ pub(crate) struct SourceBody<S: Source> {
     /// The end-of-input hooks ran (in this incarnation, or before the restored checkpoint).
     input_ended: bool,
     stage_uid: String,
+    /// The splits last announced to the chain ([`Source::splits`]).
+    splits: Vec<SplitId>,
 }
 
 impl<S: Source> SourceBody<S> {
@@ -368,6 +370,7 @@ impl<S: Source> SourceBody<S> {
             in_flight: VecDeque::new(),
             input_ended: ended_before(ctx),
             stage_uid: ctx.stage_uid.clone(),
+            splits: Vec::new(),
         }
     }
     fn source_err(&self) -> impl Fn(ConnectorError) -> TaskError + '_ {
@@ -396,6 +399,11 @@ impl<S: Source> TaskBody for SourceBody<S> {
             Ok(status) => status,
             Err(m) => return Err(self.source_err()(m)),
         };
+        // The splits first: a new split holds the watermark back before the batch can advance it.
+        if self.source.splits() != self.splits.as_slice() {
+            self.splits = self.source.splits().to_vec();
+            self.chain.on_source_splits(&self.splits)?;
+        }
         if !self.buf.is_empty() {
             let batch = std::mem::replace(&mut self.buf, Vec::with_capacity(self.batch_size));
             self.chain.emit_batch(batch)?;

@@ -5,6 +5,7 @@
 //! stateful elements snapshot and sinks prepare/commit in chain order. It does not decide when those
 //! hooks run: the task's control plane does (see `runtime::task`).
 
+use crate::connectors::SplitId;
 use crate::error::TaskError;
 use crate::state::SnapshotBuilder;
 use cutline_core::barrier::Barrier;
@@ -69,6 +70,14 @@ pub(crate) trait Emit<T>: Send {
         let _ = idle_ms;
         Ok(())
     }
+    /// Source tasks: the splits the source reads changed (after a poll; [`Source::splits`]). A
+    /// per-split watermark generator tracks them; stateless elements pass it on.
+    ///
+    /// [`Source::splits`]: crate::Source::splits
+    fn on_source_splits(&mut self, splits: &[SplitId]) -> Result<(), TaskError> {
+        let _ = splits;
+        Ok(())
+    }
     /// The task aligned `barrier`: add this element's state to `snap`, then pass the hook on. A router
     /// flushes and forwards the barrier; a sink prepares its transaction.
     fn on_barrier(&mut self, barrier: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError>;
@@ -128,6 +137,9 @@ macro_rules! delegate_control {
         }
         fn on_source_idle(&mut self, idle_ms: u64) -> Result<(), TaskError> {
             self.next.on_source_idle(idle_ms)
+        }
+        fn on_source_splits(&mut self, splits: &[$crate::connectors::SplitId]) -> Result<(), TaskError> {
+            self.next.on_source_splits(splits)
         }
         fn on_tick(&mut self, now_ms: u64) -> Result<$crate::dataflow::emit::Pending, TaskError> {
             self.next.on_tick(now_ms)

@@ -3,8 +3,10 @@
 //! ([`Stream::with_watermarks`]).
 
 use super::api::Stream;
-use super::emit::Emit;
+use super::emit::{Emit, Pending};
+use super::splits::{restore_splits, SplitClocks, TooManySplits, MAX_SPLITS_PER_SUBTASK};
 use super::timers::restore_event_time;
+use crate::connectors::SplitId;
 use crate::error::TaskError;
 use crate::state::{encode_plain, SnapshotBuilder};
 use cutline_core::barrier::Barrier;
@@ -16,6 +18,9 @@ use std::sync::Arc;
 /// `map` or `flat_map`); a whole batch from a source gets one at its end.
 pub const WATERMARK_EVERY_RECORDS: usize = 1024;
 
+/// Reads a record's split ([`WatermarkStrategy::per_split`]).
+type SplitFn<T> = Arc<dyn Fn(&T) -> SplitId + Send + Sync>;
+
 /// How a stream's event time is read and its watermarks generated (bounded out-of-orderness, as
 /// Flink's `forBoundedOutOfOrderness`): after records up to time `t` were seen, the watermark is
 /// `t - max_out_of_orderness_ms - 1`, so a record at most that much older than the newest one is
@@ -24,6 +29,7 @@ pub struct WatermarkStrategy<T> {
     timestamp: Arc<dyn Fn(&T) -> EventTime + Send + Sync>,
     max_out_of_orderness_ms: u64,
     idle_timeout_ms: Option<u64>,
+    split: Option<SplitFn<T>>,
 }
 
 impl<T> Clone for WatermarkStrategy<T> {
@@ -32,6 +38,7 @@ impl<T> Clone for WatermarkStrategy<T> {
             timestamp: self.timestamp.clone(),
             max_out_of_orderness_ms: self.max_out_of_orderness_ms,
             idle_timeout_ms: self.idle_timeout_ms,
+            split: self.split.clone(),
         }
     }
 }
@@ -43,7 +50,12 @@ impl<T> WatermarkStrategy<T> {
         max_out_of_orderness_ms: u64,
         timestamp: impl Fn(&T) -> EventTime + Send + Sync + 'static,
     ) -> WatermarkStrategy<T> {
-        WatermarkStrategy { timestamp: Arc::new(timestamp), max_out_of_orderness_ms, idle_timeout_ms: None }
+        WatermarkStrategy {
+            timestamp: Arc::new(timestamp),
+            max_out_of_orderness_ms,
+            idle_timeout_ms: None,
+            split: None,
+        }
     }
 
     /// A source subtask that produced nothing for `ms` milliseconds (of processing time) is marked
@@ -54,6 +66,23 @@ impl<T> WatermarkStrategy<T> {
         self.idle_timeout_ms = Some(ms);
         self
     }
+
+    /// Generate watermarks per split of the subtask's input (a Kafka partition, a file): `split`
+    /// reads a record's split, the bound applies within each split, and the subtask's watermark is
+    /// the lowest over its active splits. Without it, a subtask that reads one partition ahead of
+    /// another (a backlog, a fast producer) makes the other's records late. A split the source
+    /// announces ([`Source::splits`](crate::Source::splits)) holds the watermark back until it has
+    /// records; with [`with_idle_timeout_ms`](Self::with_idle_timeout_ms), a split without records
+    /// for that long stops holding it back.
+    pub fn per_split(mut self, split: impl Fn(&T) -> SplitId + Send + Sync + 'static) -> WatermarkStrategy<T> {
+        self.split = Some(Arc::new(split));
+        self
+    }
+}
+
+/// The state element of a per-split generator's highest time per split.
+pub(crate) fn splits_uid(uid: &str) -> String {
+    format!("{uid}/splits")
 }
 
 /// The chain element that generates watermarks (one per subtask of the stage it is fused into).
@@ -66,15 +95,47 @@ pub(crate) struct WatermarkGen<T> {
     sent: EventTime,
     since_sent: usize,
     idle: bool,
+    /// Per-split mode: each split's clock.
+    splits: Option<SplitClocks>,
     next: Box<dyn Emit<T>>,
 }
 
 impl<T> WatermarkGen<T> {
     fn watermark(&self) -> EventTime {
-        if self.max_seen == EventTime::MIN {
+        let low = match &self.splits {
+            None => self.max_seen,
+            // No split active: time stays where it is (whole-source idleness tells downstream).
+            Some(c) => match c.low() {
+                Some(low) => low,
+                None => return self.sent,
+            },
+        };
+        if low == EventTime::MIN {
             return EventTime::MIN;
         }
-        self.max_seen.minus_ms(self.strategy.max_out_of_orderness_ms).minus_ms(1)
+        low.minus_ms(self.strategy.max_out_of_orderness_ms).minus_ms(1)
+    }
+
+    fn too_many_splits(&self) -> impl Fn(TooManySplits) -> TaskError + '_ {
+        |_| {
+            TaskError::State {
+            uid: self.uid.clone(),
+            message: format!(
+                "more than {MAX_SPLITS_PER_SUBTASK} splits in one subtask: the per-split function must return one id per partition or file, not per record"
+            ),
+        }
+        }
+    }
+
+    #[inline]
+    fn observe(&mut self, item: &T) -> Result<EventTime, TaskError> {
+        let t = (self.strategy.timestamp)(item);
+        if let (Some(c), Some(split)) = (&mut self.splits, &self.strategy.split) {
+            if let Err(e) = c.observe(split(item), t) {
+                return Err(self.too_many_splits()(e));
+            }
+        }
+        Ok(t)
     }
 
     fn send_if_advanced(&mut self) -> Result<(), TaskError> {
@@ -103,7 +164,8 @@ impl<T: Send> Emit<T> for WatermarkGen<T> {
     #[inline]
     fn emit(&mut self, item: T) -> Result<(), TaskError> {
         self.wake()?;
-        self.max_seen = self.max_seen.max((self.strategy.timestamp)(&item));
+        let t = self.observe(&item)?;
+        self.max_seen = self.max_seen.max(t);
         self.next.emit(item)?;
         self.since_sent += 1;
         if self.since_sent >= WATERMARK_EVERY_RECORDS {
@@ -114,9 +176,16 @@ impl<T: Send> Emit<T> for WatermarkGen<T> {
 
     fn emit_batch(&mut self, batch: Vec<T>) -> Result<(), TaskError> {
         self.wake()?;
-        let ts = &self.strategy.timestamp;
-        if let Some(max) = batch.iter().map(|r| ts(r)).max() {
-            self.max_seen = self.max_seen.max(max);
+        if self.splits.is_some() {
+            for r in batch.iter() {
+                let t = self.observe(r)?;
+                self.max_seen = self.max_seen.max(t);
+            }
+        } else {
+            let ts = &self.strategy.timestamp;
+            if let Some(max) = batch.iter().map(|r| ts(r)).max() {
+                self.max_seen = self.max_seen.max(max);
+            }
         }
         self.next.emit_batch(batch)?;
         self.send_if_advanced()
@@ -156,9 +225,47 @@ impl<T: Send> Emit<T> for WatermarkGen<T> {
         self.next.on_source_idle(idle_ms)
     }
 
+    fn on_source_splits(&mut self, splits: &[SplitId]) -> Result<(), TaskError> {
+        if let Some(c) = &mut self.splits {
+            if let Err(e) = c.announce(splits) {
+                return Err(self.too_many_splits()(e));
+            }
+            if self.sent != EventTime::MAX {
+                self.send_if_advanced()?;
+            }
+        }
+        self.next.on_source_splits(splits)
+    }
+
+    fn on_tick(&mut self, now_ms: u64) -> Result<Pending, TaskError> {
+        if let Some(c) = &mut self.splits {
+            if c.tick(now_ms, self.strategy.idle_timeout_ms) && !self.idle && self.sent != EventTime::MAX {
+                self.send_if_advanced()?;
+            }
+        }
+        self.next.on_tick(now_ms)
+    }
+
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
-        if self.max_seen != EventTime::MIN {
-            snap.add(&self.uid, encode_plain(&self.uid, &self.max_seen)?);
+        match &self.splits {
+            None => {
+                if self.max_seen != EventTime::MIN {
+                    snap.add(&self.uid, encode_plain(&self.uid, &self.max_seen)?);
+                }
+            }
+            Some(c) => {
+                // What restores the watermark sent (the same element as without splits), and each
+                // split's own time.
+                if self.sent != EventTime::MIN && self.sent != EventTime::MAX {
+                    let seen = self.sent.plus_ms(self.strategy.max_out_of_orderness_ms).plus_ms(1);
+                    snap.add(&self.uid, encode_plain(&self.uid, &seen)?);
+                }
+                let times = c.snapshot();
+                if !times.is_empty() {
+                    let suid = splits_uid(&self.uid);
+                    snap.add(&suid, encode_plain(&suid, &times)?);
+                }
+            }
         }
         self.next.on_barrier(b, snap)
     }
@@ -200,7 +307,12 @@ impl<T: Send + 'static> Stream<T> {
             } else {
                 max_seen.minus_ms(strategy.max_out_of_orderness_ms).minus_ms(1)
             };
+            let splits = match strategy.split {
+                Some(_) => Some(SplitClocks::restored(restore_splits(ctx.restore, &uid)?)),
+                None => None,
+            };
             Ok(Box::new(WatermarkGen {
+                splits,
                 uid: uid.clone(),
                 strategy: strategy.clone(),
                 max_seen,

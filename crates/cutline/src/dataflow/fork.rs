@@ -106,6 +106,10 @@ macro_rules! fork_control {
             self.a.on_source_idle(idle_ms)?;
             self.b.on_source_idle(idle_ms)
         }
+        fn on_source_splits(&mut self, splits: &[$crate::connectors::SplitId]) -> Result<(), TaskError> {
+            self.a.on_source_splits(splits)?;
+            self.b.on_source_splits(splits)
+        }
         fn on_barrier(&mut self, barrier: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
             self.a.on_barrier(barrier, snap)?;
             self.b.on_barrier(barrier, snap)

@@ -18,6 +18,7 @@ mod keyed;
 mod keyed_stream;
 mod router;
 mod sink_op;
+mod splits;
 mod timers;
 mod window;
 
@@ -27,6 +28,7 @@ pub use event_time::{WatermarkStrategy, WATERMARK_EVERY_RECORDS};
 pub use graph::{EdgeKind, JobGraph};
 pub use join::JoinedStreams;
 pub use keyed::{KeyedProcess, Output};
+pub use splits::MAX_SPLITS_PER_SUBTASK;
 pub use window::{Window, WindowedStream, Windows};
 
 pub(crate) use body::{channel_state_uid, ChannelState, Polled, TaskBody};

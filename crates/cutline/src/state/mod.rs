@@ -16,6 +16,8 @@ use std::hash::Hash;
 pub(crate) use hash::{key_group_of_hash, KeyHasher, StableBuild};
 pub use hash::{splitmix64, stable_hash, StableHasher};
 pub(crate) use restore::RestoreIndex;
+#[cfg(test)]
+pub(crate) use restore::RestoredPart;
 pub(crate) use snapshot::{encode_key_groups, encode_plain, ElementState, SnapshotBuilder, StateImage};
 
 /// Trait bounds of keys.

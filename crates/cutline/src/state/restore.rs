@@ -92,6 +92,27 @@ impl RestoreIndex {
         Ok(Some((old, states)))
     }
 
+    /// Plain state of `uid` from every old subtask, whatever the parallelism (state that is merged
+    /// rather than taken per subtask).
+    pub fn plain_all(&self, uid: &str) -> Result<Vec<&[u8]>, TaskError> {
+        let Some(parts) = self.elements.get(uid) else {
+            return Ok(vec![]);
+        };
+        let mut states = Vec::with_capacity(parts.len());
+        for p in parts {
+            match &p.state {
+                ElementState::Plain(b) => states.push(&b[..]),
+                ElementState::Keyed { .. } => {
+                    return Err(TaskError::State {
+                        uid: uid.into(),
+                        message: "checkpoint holds keyed state where plain state is expected".into(),
+                    })
+                }
+            }
+        }
+        Ok(states)
+    }
+
     /// Every key group blob of keyed element `uid` that falls in `range`, from whichever old subtask
     /// held it.
     pub fn keyed(&self, uid: &str, range: KeyGroupRange, max_parallelism: u32) -> Result<Vec<(u32, &[u8])>, TaskError> {

@@ -1,7 +1,11 @@
 //! The Kafka source step by step against the broker: partitions split among subtasks, resumed at
-//! their offsets, start positions, refusals, and restores at another parallelism.
+//! their offsets, start positions, refusals, restores at another parallelism, and watermarks per
+//! partition.
 
 use super::*;
+use cutline::connectors::kafka::split_of;
+use cutline::{Either, EventTime, MemoryTxnSink, MemoryTxnStore, WatermarkStrategy, Windows};
+use std::sync::Mutex;
 
 #[test]
 fn subtasks_read_disjoint_partitions_that_together_are_the_whole_topic_and_resume_at_their_offsets() {
@@ -157,4 +161,68 @@ fn a_job_restored_with_its_kafka_source_at_another_parallelism_writes_exactly_th
     .unwrap();
     assert!(report.restored_from.is_some(), "the second run did not restore a checkpoint");
     assert_exactly_once(&o);
+}
+
+/// Watermarks per partition against the broker: partition 0 holds records 1,000 s of event time
+/// ahead of partition 1's (a backlog of a fast producer). The source names both partitions as its
+/// splits, so neither can be overtaken before it delivered, and no record is late whichever the
+/// broker serves first; the windows equal a direct count. (With one watermark for the subtask,
+/// records of partition 1 go late when the broker serves partition 0 first, as it does here; the
+/// deterministic test of that is in `tests/event_time.rs`.)
+#[test]
+fn per_partition_watermarks_make_no_record_of_a_lagging_partition_late() {
+    let t = topic("src-splits", 2);
+    let time = |p: i32, i: i64| if p == 0 { 1_000_000 + i * 10 } else { i * 10 };
+    for p in [0, 1] {
+        produce(&t, (0..2000i64).map(|i| (p, format!("k{}", i % 3), time(p, i).to_string())));
+    }
+    let mut s = KafkaSource::new(KafkaSourceConfig::new(&brokers(), &[&t]).bounded());
+    s.open(0, 1, None).unwrap();
+    assert_eq!(s.splits(), &[split_of(&t, 0), split_of(&t, 1)]);
+    let (records, st) = drain(&mut s, Duration::from_secs(20));
+    assert_eq!((records.len(), st), (4000, SourceStatus::Finished));
+    assert!(records.iter().all(|r| r.split() == split_of(&t, r.partition)));
+    assert!(s.splits().is_empty(), "a bounded source at its end still names splits: {:?}", s.splits());
+
+    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let job = Job::new("kafka-splits");
+    let parse = |r: &KafkaRecord| -> (String, i64) {
+        let text = |b: &Option<Vec<u8>>| String::from_utf8_lossy(b.as_deref().unwrap_or_default()).into_owned();
+        (text(&r.key), text(&r.value).parse().expect("a time"))
+    };
+    let strategy = WatermarkStrategy::bounded_out_of_orderness(0, move |r: &KafkaRecord| EventTime(parse(r).1))
+        .per_split(KafkaRecord::split);
+    let cfg = KafkaSourceConfig::new(&brokers(), &[&t]).bounded();
+    job.source_from("kafka", move |_| KafkaSource::new(cfg.clone()))
+        .with_watermarks("kafka-wm", strategy)
+        .map(move |r: KafkaRecord| parse(&r))
+        .key_by(|r: &(String, i64)| r.0.clone())
+        .window(Windows::tumbling_ms(1000), |r: &(String, i64)| EventTime(r.1))
+        .aggregate_with_late(
+            "counts",
+            || 0u64,
+            |n, _r| *n += 1,
+            |n, m| *n += m,
+            |k, w, n| format!("{k}@{}:{n}", w.start.0),
+        )
+        .map(|r| match r {
+            Either::Left(result) => result,
+            Either::Right((k, t)) => format!("late:{k}@{t}"),
+        })
+        .sink("out", MemoryTxnSink::new(out.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    cutline::run(&job.build().unwrap(), config(dir.path(), &format!("kafka-splits-{}", run_id()), Faults::none()))
+        .unwrap();
+    let mut got = out.lock().unwrap().committed_records();
+    got.sort();
+    let mut want: BTreeMap<(String, i64), u64> = BTreeMap::new();
+    for p in [0, 1] {
+        for i in 0..2000i64 {
+            let t = time(p, i);
+            *want.entry((format!("k{}", i % 3), t - t % 1000)).or_default() += 1;
+        }
+    }
+    let mut want: Vec<String> = want.iter().map(|((k, s), n)| format!("{k}@{s}:{n}")).collect();
+    want.sort();
+    assert_eq!(got, want, "windows of both partitions, none late");
 }

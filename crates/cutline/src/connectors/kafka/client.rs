@@ -153,3 +153,23 @@ pub(crate) fn block_on<F: std::future::Future>(f: F) -> F::Output {
         std::thread::park();
     }
 }
+
+/// The high watermark of `topic`/`partition` from the last fetch response `consumer` received (no
+/// request; `None` before the first response). librdkafka's `rd_kafka_get_watermark_offsets`, which
+/// the `rdkafka` crate does not wrap.
+pub(super) fn cached_high_watermark(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<i64> {
+    let name = std::ffi::CString::new(topic).ok()?;
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: the client pointer is valid while `consumer` lives; the name is a NUL-terminated
+    // string that outlives the call; librdkafka writes the two offsets and keeps no pointer.
+    let err = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            name.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some(high)
+}

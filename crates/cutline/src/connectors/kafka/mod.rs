@@ -7,16 +7,18 @@
 //! assigned to subtasks by a fixed rule, not by a group coordinator, so a restore reads exactly
 //! from the checkpoint's positions. The sink's design for the commit window is in [`KafkaSink`]'s docs.
 
+mod assignment;
 mod client;
 mod sink;
 mod source;
 
+pub use assignment::{owner_of, split_of};
 pub use sink::{
     KafkaPartitioning, KafkaSink, KafkaSinkConfig, KafkaSinkMode, KafkaTxn, RecordFn, DEFAULT_MAX_EPOCH_BYTES,
     DEFAULT_TRANSACTION_TIMEOUT_MS, MIN_TRANSACTION_TIMEOUT_MS,
 };
 pub use source::{
-    owner_of, KafkaOffsets, KafkaRecord, KafkaSource, KafkaSourceConfig, PartitionOffset, StartPosition,
+    KafkaOffsets, KafkaRecord, KafkaSource, KafkaSourceConfig, PartitionOffset, StartPosition,
     DEFAULT_DISCOVERY_INTERVAL_MS,
 };
 

@@ -13,9 +13,10 @@
 //! (everything in them is new to the job). In bounded mode each partition is read up to its end offset
 //! at the first open, and the source finishes when every partition reached it.
 
-use super::client::{client_config, partitions_of, with_retry, METADATA_TIMEOUT_MS};
+use super::assignment::{owner_of, split_of, unread_partitions};
+use super::client::{cached_high_watermark, client_config, partitions_of, with_retry, METADATA_TIMEOUT_MS};
 use super::DEFAULT_UNAVAILABLE_WAIT_MS;
-use crate::connectors::source::{Source, SourceStatus};
+use crate::connectors::source::{Source, SourceStatus, SplitId};
 use crate::error::{ConnectorError, ConnectorResult};
 use cutline_core::CheckpointId;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -105,6 +106,14 @@ pub struct KafkaRecord {
     pub value: Option<Vec<u8>>,
 }
 
+impl KafkaRecord {
+    /// Its partition's split ([`split_of`]), for per-split watermarks:
+    /// `WatermarkStrategy::bounded_out_of_orderness(..).per_split(KafkaRecord::split)`.
+    pub fn split(&self) -> SplitId {
+        split_of(&self.topic, self.partition)
+    }
+}
+
 /// The position of one partition: the offset of the next record to read.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionOffset {
@@ -125,14 +134,6 @@ pub struct KafkaOffsets {
     pub partitions: Vec<PartitionOffset>,
 }
 
-/// The subtask of `parallelism` that reads `partition` of `topic`: consecutive partitions of a topic
-/// go to consecutive subtasks, starting at a subtask that depends on the topic's name (so the first
-/// partitions of several topics do not all land on subtask 0).
-pub fn owner_of(topic: &str, partition: i32, parallelism: u32) -> u32 {
-    let base = crc32fast::hash(topic.as_bytes()) as u64;
-    ((base + partition as u64) % parallelism.max(1) as u64) as u32
-}
-
 #[derive(Clone, Debug)]
 struct Part {
     topic: Arc<str>,
@@ -150,6 +151,8 @@ pub struct KafkaSource {
     /// The partitions read, sorted by topic and partition (a few per subtask: found by a scan,
     /// which costs less per record than a map keyed by owned names).
     parts: Vec<Part>,
+    /// The splits of the partitions still read ([`Source::splits`]).
+    splits: Vec<SplitId>,
     last_discovery: Instant,
     finished: bool,
 }
@@ -163,6 +166,7 @@ impl KafkaSource {
             subtask: 0,
             parallelism: 1,
             parts: Vec::new(),
+            splits: Vec::new(),
             last_discovery: Instant::now(),
             finished: false,
         }
@@ -330,6 +334,13 @@ impl KafkaSource {
         Ok(())
     }
 
+    /// The partitions read changed (added, or at their end in bounded mode).
+    fn refresh_splits(&mut self) {
+        self.splits.clear();
+        let reading = self.parts.iter().filter(|p| p.end.is_none_or(|e| p.next < e));
+        self.splits.extend(reading.map(|p| split_of(&p.topic, p.partition)));
+    }
+
     fn all_done(&self) -> bool {
         self.config.bounded && self.parts.iter().all(|p| p.end.is_some_and(|e| p.next >= e))
     }
@@ -397,6 +408,7 @@ impl Source for KafkaSource {
         // A restore adds the partitions created since the checkpoint, read from their beginning.
         self.discover(fresh)?;
         self.assign()?;
+        self.refresh_splits();
         self.last_discovery = Instant::now();
         self.finished = false;
         Ok(())
@@ -432,7 +444,10 @@ impl Source for KafkaSource {
         {
             self.last_discovery = Instant::now();
             match self.discover(false) {
-                Ok(true) => self.assign()?,
+                Ok(true) => {
+                    self.assign()?;
+                    self.refresh_splits();
+                }
                 Ok(false) => {}
                 // A broker away now is no reason to fail: reading goes on, discovery retries later.
                 Err(e) if !e.is_permanent() => tracing::warn!(error = %e, "Kafka source: partition discovery failed"),
@@ -489,6 +504,7 @@ impl Source for KafkaSource {
         if reassign && self.config.bounded {
             // Stop fetching partitions that reached their end.
             self.assign()?;
+            self.refresh_splits();
         }
         if self.all_done() {
             self.finished = true;
@@ -527,41 +543,14 @@ impl Source for KafkaSource {
         Ok(())
     }
 
+    fn splits(&self) -> &[SplitId] {
+        &self.splits
+    }
+
     fn close(&mut self) -> ConnectorResult<()> {
         self.consumer = None;
         Ok(())
     }
-}
-
-/// The high watermark of `topic`/`partition` from the last fetch response `consumer` received (no
-/// request; `None` before the first response). librdkafka's `rd_kafka_get_watermark_offsets`, which
-/// the `rdkafka` crate does not wrap.
-fn cached_high_watermark(consumer: &BaseConsumer, topic: &str, partition: i32) -> Option<i64> {
-    let name = std::ffi::CString::new(topic).ok()?;
-    let (mut low, mut high) = (-1i64, -1i64);
-    // SAFETY: the client pointer is valid while `consumer` lives; the name is a NUL-terminated
-    // string that outlives the call; librdkafka writes the two offsets and keeps no pointer.
-    let err = unsafe {
-        rdkafka::bindings::rd_kafka_get_watermark_offsets(
-            consumer.client().native_ptr(),
-            name.as_ptr(),
-            partition,
-            &mut low,
-            &mut high,
-        )
-    };
-    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0).then_some(high)
-}
-
-/// The partitions among `all` of `topic` that `subtask` of `parallelism` owns and does not read yet.
-fn unread_partitions(
-    topic: &str,
-    all: &[i32],
-    subtask: u32,
-    parallelism: u32,
-    reading: impl Fn(i32) -> bool,
-) -> Vec<i32> {
-    all.iter().copied().filter(|p| owner_of(topic, *p, parallelism) == subtask && !reading(*p)).collect()
 }
 
 #[cfg(test)]
@@ -585,23 +574,5 @@ mod tests {
         let owner = owner_of("t", 1, 2);
         let e = KafkaSource::rescale(twice, owner, 2).unwrap_err();
         assert!(e.is_permanent() && e.message().contains("to two subtasks"), "{e}");
-    }
-
-    #[test]
-    fn partitions_added_to_a_topic_go_to_their_owners_once_and_the_owners_cover_every_partition() {
-        for parallelism in 1..5u32 {
-            let before: Vec<i32> = (0..3).collect();
-            let after: Vec<i32> = (0..8).collect();
-            let mut owners = vec![0u32; 8];
-            for subtask in 0..parallelism {
-                let first = unread_partitions("t", &before, subtask, parallelism, |_| false);
-                let added = unread_partitions("t", &after, subtask, parallelism, |p| first.contains(&p));
-                assert!(added.iter().all(|p| *p >= 3), "a partition read already was added again: {added:?}");
-                for p in first.iter().chain(&added) {
-                    owners[*p as usize] += 1;
-                }
-            }
-            assert_eq!(owners, vec![1; 8], "parallelism {parallelism}: every partition is read by one subtask");
-        }
     }
 }
