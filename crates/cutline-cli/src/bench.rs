@@ -146,7 +146,7 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
     let col = |f: &dyn Fn(&cutline::CheckpointSummary) -> u64| periodic.iter().map(|c| f(c)).collect::<Vec<u64>>();
     let (d, al, sd) = (col(&|c| c.duration_ms), col(&|c| c.alignment_ms), col(&|c| c.start_delay_ms));
     println!(
-        "events={events} keys={keys} parallelism={parallelism} workers={} interval={interval} max_concurrent={max_concurrent} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_max_ms={} alignment_p50_ms={} alignment_max_ms={} start_delay_p50_ms={} start_delay_max_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} state_bytes={} restarts={} sink_records={} state_count={} verified={}{recovery}",
+        "events={events} keys={keys} parallelism={parallelism} workers={} interval={interval} max_concurrent={max_concurrent} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_max_ms={} alignment_p50_ms={} alignment_max_ms={} start_delay_p50_ms={} start_delay_max_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} sync_p50_us={} sync_max_us={} page_copies_p50={} peak_rss_mb={} state_bytes={} restarts={} sink_records={} state_count={} verified={}{recovery}",
         a.workers,
         events as f64 / secs,
         d.len(),
@@ -159,6 +159,11 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
         median(&col(&|c| c.persist_ms)),
         median(&col(&|c| c.encode_us)),
         median(&col(&|c| c.write_us)),
+        median(&col(&|c| c.sync_us)),
+        max(&col(&|c| c.sync_us)),
+        median(&col(&|c| c.page_copies)),
+        // Of this process: in one process (no --workers) the job's own peak.
+        cutline_cli::jobs::peak_rss_bytes().map(|b| b >> 20).unwrap_or(0),
         report.checkpoints.last().map(|c| c.bytes).unwrap_or(0),
         report.restarts,
         tally.records,

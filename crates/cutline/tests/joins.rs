@@ -212,7 +212,7 @@ fn joins_after_a_failure_equal_the_nested_loop_join_aligned_and_unaligned() {
         println!("{join:?}, {shape:?}: {} pairs", want.len());
         assert!(want.len() > 40, "{join:?}: only {} pairs in the reference: the case tests little", want.len());
         for (unaligned, point, nth) in
-            [(false, FaultPoint::ProcessBatch, 150), (true, FaultPoint::Snapshot, 4), (true, FaultPoint::SinkCommit, 3)]
+            [(false, FaultPoint::ProcessBatch, 150), (true, FaultPoint::Snapshot, 4), (true, FaultPoint::SinkCommit, 2)]
         {
             let what = format!(
                 "{join:?}, {shape:?}, {} checkpoints, failure at {point:?} #{nth}",

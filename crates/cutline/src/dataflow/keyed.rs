@@ -1,16 +1,16 @@
-//! The keyed stateful operator ([`KeyedProcessOp`]): in-memory value state per key, restored by key
-//! group, copied at the barrier and encoded off the task thread; and [`Output`], where its user
+//! The keyed stateful operator ([`KeyedProcessOp`]): in-memory value state per key in a copy-on-write
+//! table, restored by key group, shared with the snapshot at the barrier (in time that
+//! does not grow with the state) and encoded off the task thread; and [`Output`], where its user
 //! function emits records.
 
 use super::emit::{delegate_lifecycle, Emit, Pending};
 use super::timers::{processing_time, restore_event_time, TimeDomain, TimerCmd, Timers};
 use crate::error::TaskError;
-use crate::state::{encode_key_groups, encode_plain, ElementState, StateImage};
-use crate::state::{key_group_of_hash, stable_hash, Key, RestoreIndex, SnapshotBuilder, StableBuild, StateValue};
+use crate::state::{encode_plain, CowMap, ElementState, Frozen, StateImage};
+use crate::state::{key_group_of_hash, stable_hash, Key, RestoreIndex, SnapshotBuilder, StateValue};
 use cutline_core::barrier::Barrier;
 use cutline_core::watermark::{EventTime, WatermarkUpdate};
 use cutline_core::{CheckpointId, KeyGroupRange};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Where a keyed process function sends its output, and how it reads event and processing time
@@ -130,7 +130,9 @@ pub(crate) struct KeyedProcessOp<K, T, S, O> {
     pub uid: String,
     pub key_fn: Arc<dyn Fn(&T) -> K + Send + Sync>,
     pub f: KeyedFn<K, T, S, O>,
-    pub state: HashMap<K, Option<S>, StableBuild>,
+    /// The value state. A key whose state a call set to `None` is removed after the call (only
+    /// `end_of_input` may leave one behind, and snapshots skip it).
+    pub state: CowMap<K, Option<S>>,
     pub range: KeyGroupRange,
     pub max_parallelism: u32,
     pub next: Box<dyn Emit<O>>,
@@ -197,8 +199,8 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp
                 blob = rest;
             }
         }
-        self.timers.restore(index, &timers_uid(&self.uid), self.range, self.max_parallelism)?;
-        self.processing_timers.restore(index, &processing_timers_uid(&self.uid), self.range, self.max_parallelism)?;
+        self.timers.restore(index, &timers_uid(&self.uid))?;
+        self.processing_timers.restore(index, &processing_timers_uid(&self.uid))?;
         self.watermark = restore_event_time(index, &watermark_uid(&self.uid), subtask, parallelism)?;
         if self.watermark != EventTime::MIN {
             // Downstream may not have seen it yet (it goes on after the timers due at it fired,
@@ -228,6 +230,9 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp
         let inserted = match self.state.get_mut(&k) {
             Some(slot) => {
                 run(slot, &mut out);
+                if slot.is_none() {
+                    self.state.remove(&k);
+                }
                 None
             }
             None => {
@@ -315,20 +320,16 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> Emit<T> for Ke
     }
 
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
-        self.state.retain(|_, v| v.is_some());
-        let image = KeyedImage {
-            uid: self.uid.clone(),
-            map: self.state.clone(),
-            range: self.range,
-            max_parallelism: self.max_parallelism,
-        };
+        snap.page_copies += self.state.take_copies() + self.timers.take_copies() + self.processing_timers.take_copies();
+        let image = KeyedImage { uid: self.uid.clone(), frozen: self.state.freeze() };
         snap.add(&self.uid, Box::new(image));
         if self.timers.len() > 0 {
-            snap.add(&timers_uid(&self.uid), self.timers.image(&self.uid, self.range, self.max_parallelism));
+            snap.add(&timers_uid(&self.uid), self.timers.image(&self.uid));
         }
         if self.processing_timers.len() > 0 {
             let uid = processing_timers_uid(&self.uid);
-            snap.add(&uid, self.processing_timers.image(&uid, self.range, self.max_parallelism));
+            let image = self.processing_timers.image(&uid);
+            snap.add(&uid, image);
         }
         if self.watermark != EventTime::MIN {
             let uid = watermark_uid(&self.uid);
@@ -348,12 +349,11 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> Emit<T> for Ke
             now_ms: self.now_ms,
             timers: &mut self.cmds,
         };
-        for (k, slot) in self.state.iter_mut().filter(|(_, v)| v.is_some()) {
-            self.f.end_of_input(k, slot, &mut out);
-            if out.err.is_some() {
-                break;
-            }
-        }
+        let f = &*self.f;
+        self.state.for_each_mut(|k, slot| {
+            f.end_of_input(k, slot, &mut out);
+            out.err.is_none()
+        });
         let err = out.err;
         // Timers set here never fire: event time already ended.
         self.cmds.clear();
@@ -366,17 +366,14 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> Emit<T> for Ke
     delegate_lifecycle!();
 }
 
-/// The synchronous copy of keyed state taken at a barrier.
+/// Keyed state as it was at a barrier: its pages, shared with the task.
 struct KeyedImage<K, S> {
     uid: String,
-    map: HashMap<K, Option<S>, StableBuild>,
-    range: KeyGroupRange,
-    max_parallelism: u32,
+    frozen: Frozen<K, Option<S>>,
 }
 
 impl<K: Key, S: StateValue> StateImage for KeyedImage<K, S> {
     fn encode(self: Box<Self>) -> Result<ElementState, String> {
-        let present = self.map.iter().filter_map(|(k, v)| v.as_ref().map(|v| (k, v)));
-        encode_key_groups(&self.uid, present, self.range, self.max_parallelism)
+        self.frozen.encode(&self.uid, Option::as_ref)
     }
 }

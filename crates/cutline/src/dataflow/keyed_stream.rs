@@ -6,8 +6,9 @@ use super::body::{InputBody, TaskBody};
 use super::graph::EdgeKind;
 use super::keyed::{KeyedFn, KeyedProcess, KeyedProcessOp, Output, ProcessFn};
 use super::router::Partitioner;
+use super::timers::Timers;
 use crate::channel::Data;
-use crate::state::{stable_hash, Key, StateValue};
+use crate::state::{stable_hash, CowMap, Key, StateValue};
 use cutline_core::KeyGroupRange;
 use std::sync::Arc;
 
@@ -50,16 +51,17 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
         let uid = uid.to_string();
         let chain: ChainFn<O> = Arc::new(move |ctx, tail| {
             let inputs = ctx.take_inputs::<T>();
+            let range = KeyGroupRange::for_subtask(ctx.max_parallelism, ctx.parallelism, ctx.subtask);
             let mut op = KeyedProcessOp {
                 uid: uid.clone(),
                 key_fn: key.clone(),
                 f: f.clone(),
-                state: Default::default(),
-                range: KeyGroupRange::for_subtask(ctx.max_parallelism, ctx.parallelism, ctx.subtask),
+                state: CowMap::new(range, ctx.max_parallelism),
+                range,
                 max_parallelism: ctx.max_parallelism,
                 next: tail,
-                timers: Default::default(),
-                processing_timers: Default::default(),
+                timers: Timers::new(range, ctx.max_parallelism),
+                processing_timers: Timers::new(range, ctx.max_parallelism),
                 watermark: cutline_core::watermark::EventTime::MIN,
                 held: None,
                 now_ms: 0,

@@ -3,10 +3,10 @@
 //! when a job is rescaled) and restored with the keyed state.
 
 use crate::error::TaskError;
-use crate::state::{key_group_of_hash, stable_hash, ElementState, Key, RestoreIndex, StableBuild, StateImage};
+use crate::state::{key_group_of_hash, stable_hash, CowMap, ElementState, Frozen, Key, RestoreIndex, StateImage};
 use cutline_core::watermark::EventTime;
 use cutline_core::{KeyGroup, KeyGroupRange};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What a process function asked of the timers of the key it ran for (applied after it returns).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,20 +80,24 @@ enum Keys<K> {
 
 /// The pending timers of one keyed operator subtask (event or processing time).
 pub(crate) struct Timers<K> {
-    /// The truth: each key's pending timers.
-    by_key: HashMap<K, Times, StableBuild>,
+    /// The truth: each key's pending timers, in a copy-on-write table shared with snapshots.
+    by_key: CowMap<K, Times>,
     /// Firing order. May hold entries cancelled since (checked against `by_key` when due).
     queue: BTreeMap<EventTime, Keys<K>>,
     pending: usize,
 }
 
-impl<K: Key> Default for Timers<K> {
-    fn default() -> Self {
-        Timers { by_key: HashMap::default(), queue: BTreeMap::new(), pending: 0 }
-    }
-}
-
 impl<K: Key> Timers<K> {
+    /// No timers, for the key groups `range` of `max_parallelism`.
+    pub fn new(range: KeyGroupRange, max_parallelism: u32) -> Self {
+        Timers { by_key: CowMap::new(range, max_parallelism), queue: BTreeMap::new(), pending: 0 }
+    }
+
+    /// Pages of `by_key` copied since the last call (see [`CowMap::take_copies`]).
+    pub fn take_copies(&mut self) -> u64 {
+        self.by_key.take_copies()
+    }
+
     /// Pending timers.
     pub fn len(&self) -> usize {
         self.pending
@@ -173,19 +177,15 @@ impl<K: Key> Timers<K> {
         }
     }
 
-    /// The synchronous copy taken at a barrier (its cost grows with the timers pending).
-    pub fn image(&self, uid: &str, range: KeyGroupRange, max_parallelism: u32) -> Box<dyn StateImage> {
-        Box::new(TimersImage { uid: uid.to_string(), by_key: self.by_key.clone(), range, max_parallelism })
+    /// The timers as they are at a barrier, shared with the snapshot (in time that does not grow
+    /// with the timers pending).
+    pub fn image(&mut self, uid: &str) -> Box<dyn StateImage> {
+        Box::new(TimersImage { uid: uid.to_string(), frozen: self.by_key.freeze() })
     }
 
     /// Load the timers of this subtask's key groups from a checkpoint.
-    pub fn restore(
-        &mut self,
-        index: &RestoreIndex,
-        uid: &str,
-        range: KeyGroupRange,
-        max_parallelism: u32,
-    ) -> Result<(), TaskError> {
+    pub fn restore(&mut self, index: &RestoreIndex, uid: &str) -> Result<(), TaskError> {
+        let (range, max_parallelism) = (self.by_key.range(), self.by_key.max_parallelism());
         let err = |m: String| TaskError::State { uid: uid.to_string(), message: m };
         for (kg, mut blob) in index.keyed(uid, range, max_parallelism)? {
             while !blob.is_empty() {
@@ -233,17 +233,15 @@ pub(crate) fn restore_event_time(
     }
 }
 
-/// Timers copied at a barrier, encoded per key group off the task thread.
+/// Timers as they were at a barrier, encoded per key group off the task thread.
 struct TimersImage<K> {
     uid: String,
-    by_key: HashMap<K, Times, StableBuild>,
-    range: KeyGroupRange,
-    max_parallelism: u32,
+    frozen: Frozen<K, Times>,
 }
 
 impl<K: Key> StateImage for TimersImage<K> {
     fn encode(self: Box<Self>) -> Result<ElementState, String> {
-        crate::state::encode_key_groups(&self.uid, self.by_key.iter(), self.range, self.max_parallelism)
+        self.frozen.encode(&self.uid, |v| Some(v))
     }
 }
 
@@ -253,7 +251,7 @@ mod tests {
 
     #[test]
     fn timers_fire_in_time_order_once_and_not_after_a_cancel() {
-        let mut t = Timers::<String>::default();
+        let mut t = Timers::<String>::new(KeyGroupRange::for_subtask(128, 1, 0), 128);
         t.apply(&"a".to_string(), TimerCmd::Set(EventTime(30)));
         t.apply(&"b".to_string(), TimerCmd::Set(EventTime(10)));
         t.apply(&"a".to_string(), TimerCmd::Set(EventTime(10)));

@@ -228,6 +228,8 @@ pub(crate) fn carry_out(
                     persist_ms: max(&|r| r.persist_ms),
                     encode_us: max(&|r| r.encode_us),
                     write_us: max(&|r| r.write_us),
+                    sync_us: max(&|r| r.timings.sync_us),
+                    page_copies: reports.iter().map(|(_, r)| r.timings.page_copies).sum(),
                     unaligned_tasks: reports.iter().filter(|(_, r)| r.timings.unaligned).count() as u32,
                     switched_tasks: reports.iter().filter(|(_, r)| r.timings.switched).count() as u32,
                     channel_state_bytes: reports.iter().map(|(_, r)| r.timings.channel_state_bytes).sum(),

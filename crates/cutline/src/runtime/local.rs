@@ -39,6 +39,9 @@ impl TaskEnv for RtEnv {
     fn now(&self) -> TimeMs {
         TimeMs(self.start.elapsed().as_millis() as u64)
     }
+    fn now_us(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64
+    }
     fn processing_time_ms(&self) -> u64 {
         unix_ms()
     }

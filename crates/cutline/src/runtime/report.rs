@@ -72,6 +72,12 @@ pub struct CheckpointSummary {
     pub encode_us: u64,
     /// Longest time a task's state took to write durably, in microseconds.
     pub write_us: u64,
+    /// Longest synchronous part of the snapshot at a task (sharing its state and forwarding the
+    /// barrier), in microseconds.
+    pub sync_us: u64,
+    /// State pages tasks copied because they wrote to them while the previous snapshot still read
+    /// them, summed over tasks.
+    pub page_copies: u64,
     /// The task whose acknowledgement came last.
     pub slowest_task: String,
     /// Tasks that snapshotted unaligned (from the start or after switching).

@@ -1,10 +1,11 @@
-//! Operator state: the stable key hash that maps keys to key groups ([`stable_hash`]), snapshot images
-//! taken at a barrier and encoded off the task thread, and the index a restored job reads its state
-//! from.
+//! Operator state: the stable key hash that maps keys to key groups ([`stable_hash`]), keyed entries
+//! in a copy-on-write table, snapshot images taken at a barrier and encoded off the task
+//! thread, and the index a restored job reads its state from.
 //!
 //! It does not write or read files (the storage crate does), does not decide when to snapshot (the
 //! task's control plane does), and knows no operator: operators put images in and take bytes out.
 
+mod cow_map;
 mod hash;
 mod restore;
 mod snapshot;
@@ -13,17 +14,19 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::hash::Hash;
 
-pub(crate) use hash::{key_group_of_hash, KeyHasher, StableBuild};
+pub(crate) use cow_map::{CowMap, Frozen};
+pub(crate) use hash::{key_group_of_hash, KeyHasher};
 pub use hash::{splitmix64, stable_hash, StableHasher};
 pub(crate) use restore::RestoreIndex;
 #[cfg(test)]
 pub(crate) use restore::RestoredPart;
-pub(crate) use snapshot::{encode_key_groups, encode_plain, ElementState, SnapshotBuilder, StateImage};
+pub(crate) use snapshot::{encode_plain, ElementState, SnapshotBuilder, StateImage};
 
 /// Trait bounds of keys.
 pub trait Key: Hash + Eq + Clone + Send + Sync + Serialize + DeserializeOwned + 'static {}
 impl<T: Hash + Eq + Clone + Send + Sync + Serialize + DeserializeOwned + 'static> Key for T {}
 
-/// Trait bounds of state values.
-pub trait StateValue: Clone + Send + Serialize + DeserializeOwned + 'static {}
-impl<T: Clone + Send + Serialize + DeserializeOwned + 'static> StateValue for T {}
+/// Trait bounds of state values. (`Sync` because a snapshot reads the state on a writer thread while
+/// the task goes on.)
+pub trait StateValue: Clone + Send + Sync + Serialize + DeserializeOwned + 'static {}
+impl<T: Clone + Send + Sync + Serialize + DeserializeOwned + 'static> StateValue for T {}

@@ -2,9 +2,7 @@
 //! ([`StateImage`]), collected per task ([`SnapshotBuilder`]) and encoded off the task thread into the
 //! payload of the task's state file ([`TaskStatePayload`]).
 
-use super::{key_group_of_hash, stable_hash, Key};
 use crate::error::TaskError;
-use cutline_core::{KeyGroup, KeyGroupRange};
 use serde::{Deserialize, Serialize};
 
 /// A state element's encoded form in a task's state file.
@@ -32,6 +30,9 @@ pub(crate) trait StateImage: Send {
 #[derive(Default)]
 pub(crate) struct SnapshotBuilder {
     pub images: Vec<(String, Box<dyn StateImage>)>,
+    /// State pages the task's operators copied since their previous snapshot (see
+    /// [`CowMap`](super::CowMap)).
+    pub page_copies: u64,
 }
 
 impl SnapshotBuilder {
@@ -62,30 +63,4 @@ impl StateImage for PlainImage {
 pub(crate) fn encode_plain<T: Serialize>(uid: &str, v: &T) -> Result<Box<dyn StateImage>, TaskError> {
     let bytes = postcard::to_allocvec(v).map_err(|e| TaskError::State { uid: uid.into(), message: e.to_string() })?;
     Ok(Box::new(PlainImage(bytes)))
-}
-
-/// Keyed state from `(key, value)` pairs of the key groups in `range`: one blob of concatenated
-/// pairs per non-empty key group (runs on a snapshot writer thread).
-pub(crate) fn encode_key_groups<'a, K: Key + 'a, V: Serialize + 'a>(
-    uid: &str,
-    pairs: impl Iterator<Item = (&'a K, &'a V)>,
-    range: KeyGroupRange,
-    max_parallelism: u32,
-) -> Result<ElementState, String> {
-    let mut groups: Vec<Vec<u8>> = vec![Vec::new(); range.len() as usize];
-    for (k, v) in pairs {
-        let kg = key_group_of_hash(stable_hash(k), max_parallelism);
-        // Invariant: the router only ever sent this subtask keys of its own key groups.
-        assert!(range.contains(KeyGroup(kg)), "{uid}: key of key group {kg} outside {range:?}");
-        let buf = &mut groups[(kg - range.start) as usize];
-        let taken = std::mem::take(buf);
-        *buf = postcard::to_extend(&(k, v), taken).map_err(|e| format!("{uid}: encoding a key: {e}"))?;
-    }
-    let groups = groups
-        .into_iter()
-        .enumerate()
-        .filter(|(_, g)| !g.is_empty())
-        .map(|(i, g)| (range.start + i as u32, g))
-        .collect();
-    Ok(ElementState::Keyed { max_parallelism, groups })
 }

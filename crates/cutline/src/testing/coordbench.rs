@@ -329,6 +329,8 @@ fn worker_messages(
                 unaligned: false,
                 switched: false,
                 channel_state_bytes: 0,
+                sync_us: 5 + n % 20,
+                page_copies: 0,
             },
             persist_ms: 2 + n % 7,
             encode_us: 30 + n % 50,

@@ -1,0 +1,124 @@
+//! Tests of [`CowMap`]: a model-checked sequence of operations, and snapshots that must see the
+//! state of their barrier whatever the task writes after it.
+
+use super::*;
+use crate::state::splitmix64;
+use std::collections::HashMap;
+
+fn map() -> CowMap<u64, u64> {
+    CowMap::new(KeyGroupRange::for_subtask(128, 1, 0), 128)
+}
+
+fn decode(state: ElementState) -> Vec<(u64, u64)> {
+    let ElementState::Keyed { groups, .. } = state else { panic!("keyed") };
+    let mut out = Vec::new();
+    for (kg, blob) in groups {
+        let mut rest: &[u8] = &blob;
+        while !rest.is_empty() {
+            let (pair, r): ((u64, u64), &[u8]) = postcard::take_from_bytes(rest).unwrap();
+            assert_eq!(key_group_of_hash(stable_hash(&pair.0), 128), kg, "filed under its key group");
+            out.push(pair);
+            rest = r;
+        }
+    }
+    out.sort();
+    out
+}
+
+fn sorted(model: &HashMap<u64, u64>) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = model.iter().map(|(k, v)| (*k, *v)).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn inserts_updates_and_removes_agree_with_a_hash_map() {
+    // Few distinct keys and many removals: long probe runs, backward shifts across page ends and
+    // around the table's end, growth in the middle.
+    for keys in [50u64, 3_000, 40_000] {
+        let (mut m, mut model) = (map(), HashMap::new());
+        for i in 0..200_000u64 {
+            let r = splitmix64(i ^ keys);
+            let k = r % keys;
+            match r >> 62 {
+                0 => assert_eq!(m.remove(&k), model.remove(&k), "remove {k}"),
+                1 => assert_eq!(m.insert(k, i), model.insert(k, i), "insert {k}"),
+                _ => {
+                    assert_eq!(m.get_mut(&k).map(|v| *v), model.get(&k).copied(), "get {k}");
+                    if let Some(v) = m.get_mut(&k) {
+                        *v += 1;
+                        *model.get_mut(&k).unwrap() += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(m.len(), model.len());
+        for k in 0..keys {
+            assert_eq!(m.get(&k), model.get(&k), "key {k} of {keys}");
+        }
+        assert_eq!(decode(m.freeze().encode("op", |v| Some(v)).unwrap()), sorted(&model));
+    }
+}
+
+#[test]
+fn a_snapshot_sees_the_state_at_its_barrier_whatever_is_written_after() {
+    let mut m = map();
+    let mut model = HashMap::new();
+    for k in 0..20_000u64 {
+        m.insert(k, k);
+        model.insert(k, k);
+    }
+    let frozen = m.freeze();
+    assert_eq!(m.take_copies(), 0, "freezing copies nothing");
+    for k in 0..10_000u64 {
+        *m.get_mut(&k).unwrap() += 1_000;
+        m.remove(&(k + 10_000));
+    }
+    // More than doubles the entries: the table grows while the snapshot holds the old pages.
+    for k in 100_000..150_000u64 {
+        m.insert(k, 1);
+    }
+    assert_eq!(decode(frozen.encode("op", |v| Some(v)).unwrap()), sorted(&model));
+    assert!(m.take_copies() > 0, "writes to pages still held copy them");
+    assert_eq!(m.len(), 60_000);
+    assert_eq!(m.get(&3), Some(&1_003));
+    assert_eq!(m.get(&10_003), None);
+}
+
+#[test]
+fn a_page_the_snapshot_let_go_of_is_taken_back_without_a_copy() {
+    let mut m = map();
+    for k in 0..20_000u64 {
+        m.insert(k, k);
+    }
+    assert_eq!(decode(m.freeze().encode("op", |v| Some(v)).unwrap()).len(), 20_000);
+    for k in 0..20_000u64 {
+        m.insert(k, 0);
+    }
+    assert_eq!(m.take_copies(), 0, "no page is copied once the snapshot is encoded");
+    let later = m.freeze();
+    m.insert(1, 1);
+    assert_eq!(m.take_copies(), 1, "one write copies one page");
+    assert!(decode(later.encode("op", |v| Some(v)).unwrap()).iter().all(|&(_, v)| v == 0));
+}
+
+#[test]
+fn freezing_costs_one_reference_per_page() {
+    let mut m = map();
+    for k in 0..100_000u64 {
+        m.insert(k, k);
+    }
+    let pages = m.pages.len();
+    assert!(pages <= 100_000 * MAX_LOAD_DEN / MAX_LOAD_NUM / page_slots::<u64, u64>() * 2 + 1, "{pages} pages");
+    let frozen = m.freeze();
+    assert_eq!(frozen.pages.len(), pages);
+    assert!(m.pages.iter().all(|p| Arc::strong_count(p) == 2), "shared, not copied");
+}
+
+#[test]
+fn the_projection_leaves_entries_out() {
+    let mut m: CowMap<u64, Option<u64>> = CowMap::new(KeyGroupRange::for_subtask(128, 1, 0), 128);
+    m.insert(1, Some(10));
+    m.insert(2, None);
+    assert_eq!(decode(m.freeze().encode("op", Option::as_ref).unwrap()), [(1, 10)]);
+}
