@@ -130,6 +130,8 @@ pub struct KeyedStream<K, T> {
     pub(super) stream: Stream<T>,
     pub(super) key: Arc<dyn Fn(&T) -> K + Send + Sync>,
     pub(super) parallelism: Option<u32>,
+    /// `KeyedStream::migrate_state`'s upgrade: a `Migration<K, S>` of the operator's state type.
+    pub(super) migration: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 /// Two streams to be processed together by one two-input operator.
@@ -437,7 +439,7 @@ impl<T: Send + 'static> Stream<T> {
 
     /// Partition by key: every record with the same key goes to the same subtask.
     pub fn key_by<K: Key>(self, key: impl Fn(&T) -> K + Send + Sync + 'static) -> KeyedStream<K, T> {
-        KeyedStream { stream: self, key: Arc::new(key), parallelism: None }
+        KeyedStream { stream: self, key: Arc::new(key), parallelism: None, migration: None }
     }
 }
 

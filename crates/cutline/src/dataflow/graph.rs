@@ -4,7 +4,7 @@
 
 use super::body::{channel_state_uid, input_ended_uid, legacy_channel_state_uid, watermarks_uid, TaskBody};
 use super::event_time::splits_uid;
-use super::keyed::{processing_timers_uid, timers_uid, watermark_uid};
+use super::keyed::{processing_timers_uid, schema_uid, timers_uid, watermark_uid};
 use crate::channel::pump::{in_pump, out_pump, InPump, OutPump};
 use crate::channel::{channel, ChannelProbe, Data, Rx, Tx, Waker};
 use crate::error::TaskError;
@@ -198,7 +198,9 @@ impl JobGraph {
         // A keyed operator keeps its timers and watermark beside its state.
         let operators = v.clone();
         v.extend(
-            operators.iter().flat_map(|u| [timers_uid(u), processing_timers_uid(u), watermark_uid(u), splits_uid(u)]),
+            operators.iter().flat_map(|u| {
+                [timers_uid(u), processing_timers_uid(u), watermark_uid(u), splits_uid(u), schema_uid(u)]
+            }),
         );
         for s in self.stages.iter().filter(|s| !s.inputs.is_empty()) {
             v.extend([channel_state_uid(&s.uid), legacy_channel_state_uid(&s.uid), watermarks_uid(&s.uid)]);

@@ -6,7 +6,9 @@
 use super::emit::{delegate_lifecycle, Emit, Pending};
 use super::timers::{processing_time, restore_event_time, TimeDomain, TimerCmd, Timers};
 use crate::error::TaskError;
-use crate::state::{encode_plain, CowMap, ElementState, Frozen, StateImage};
+use crate::state::{
+    encode_plain, CowMap, ElementState, Evolve, Frozen, Migration, PlainImage, StateImage, StateSchema,
+};
 use crate::state::{key_group_of_hash, stable_hash, Key, RestoreIndex, SnapshotBuilder, StateValue};
 use cutline_core::barrier::Barrier;
 use cutline_core::watermark::{EventTime, WatermarkUpdate};
@@ -151,6 +153,10 @@ pub(crate) struct KeyedProcessOp<K, T, S, O> {
     pub timers_per_step: usize,
     /// Timer requests of the function call in progress.
     pub cmds: Vec<(TimeDomain, TimerCmd)>,
+    /// The structure of `(K, S)`, recorded with the state, and its encoding.
+    pub schema: Arc<(StateSchema, Vec<u8>)>,
+    /// The user's upgrade of state in an older type, if any.
+    pub migration: Option<Arc<Migration<K, S>>>,
 }
 
 /// What a keyed function is called for.
@@ -170,6 +176,11 @@ pub(crate) fn processing_timers_uid(uid: &str) -> String {
     format!("{uid}/processing-timers")
 }
 
+/// The state element of the structure of a keyed operator's state type.
+pub(crate) fn schema_uid(uid: &str) -> String {
+    format!("{uid}/schema")
+}
+
 /// The state element of a keyed operator's watermark.
 pub(crate) fn watermark_uid(uid: &str) -> String {
     format!("{uid}/watermark")
@@ -179,10 +190,36 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp
     /// Load this subtask's key groups from a checkpoint, asserting that each key belongs here.
     pub fn restore(&mut self, index: &RestoreIndex, subtask: u32, parallelism: u32) -> Result<(), TaskError> {
         let err = |m: String| TaskError::State { uid: self.uid.clone(), message: m };
+        let recorded = match index.plain_all(&schema_uid(&self.uid))?.first() {
+            Some(b) => Some(StateSchema::decode(b).map_err(err)?),
+            None => None, // written before schemas were recorded: read as it is
+        };
+        let now = &self.schema.0;
+        let migration = self.migration.as_deref().filter(|m| recorded.as_ref().is_none_or(|old| m.from.same_as(old)));
+        let evolve = match &recorded {
+            Some(old) if !old.same_as(now) && migration.is_none() => Some(Evolve::new(old).map_err(err)?.ok_or_else(|| {
+                err(format!(
+                    "the state was written as `{}` and the operator now keeps `{}`; the old type's structure is not recorded (it could not be traced), so the change cannot be checked: keep the old type, upgrade it with KeyedStream::migrate_state, or give the operator a new uid to start it empty",
+                    old.type_name, now.type_name
+                ))
+            })?),
+            _ => None,
+        };
+        let changed = |old: &StateSchema, e: String| {
+            err(format!(
+                "the state was written as `{}` and does not read as `{}`: {e}. Keep the old type, make the change compatible (a new field with #[serde(default)], a renamed field with #[serde(alias = \"old name\")]), upgrade it with KeyedStream::migrate_state, or give the operator a new uid to start it empty",
+                old.type_name, now.type_name
+            ))
+        };
         for (kg, mut blob) in index.keyed(&self.uid, self.range, self.max_parallelism)? {
             while !blob.is_empty() {
-                let ((k, v), rest): ((K, S), &[u8]) =
-                    postcard::take_from_bytes(blob).map_err(|e| err(format!("decoding keyed state: {e}")))?;
+                let ((k, v), rest): ((K, S), &[u8]) = match (&evolve, &recorded, migration) {
+                    (_, _, Some(m)) => m
+                        .take(blob)
+                        .map_err(|e| err(format!("reading state as `{}` to migrate it: {e}", m.from.type_name)))?,
+                    (Some(ev), Some(old), None) => ev.take(blob).map_err(|e| changed(old, e))?,
+                    _ => postcard::take_from_bytes(blob).map_err(|e| err(format!("decoding keyed state: {e}")))?,
+                };
                 let actual = key_group_of_hash(stable_hash(&k), self.max_parallelism);
                 // Checked after reading back: a key filed under another group means the key type or its
                 // hashing changed since the checkpoint; restoring it would put state where no record finds it.
@@ -323,6 +360,7 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> Emit<T> for Ke
         snap.page_copies += self.state.take_copies() + self.timers.take_copies() + self.processing_timers.take_copies();
         let image = KeyedImage { uid: self.uid.clone(), frozen: self.state.freeze() };
         snap.add(&self.uid, Box::new(image));
+        snap.add(&schema_uid(&self.uid), Box::new(PlainImage(self.schema.1.clone())));
         if self.timers.len() > 0 {
             snap.add(&timers_uid(&self.uid), self.timers.image(&self.uid));
         }

@@ -8,7 +8,7 @@ use super::keyed::{KeyedFn, KeyedProcess, KeyedProcessOp, Output, ProcessFn};
 use super::router::Partitioner;
 use super::timers::Timers;
 use crate::channel::Data;
-use crate::state::{stable_hash, CowMap, Key, StateValue};
+use crate::state::{stable_hash, CowMap, Key, Migration, StateSchema, StateValue};
 use cutline_core::KeyGroupRange;
 use std::sync::Arc;
 
@@ -16,6 +16,20 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
     /// Parallelism of the keyed operator (default: the job's).
     pub fn parallelism(mut self, p: u32) -> Self {
         self.parallelism = Some(p);
+        self
+    }
+
+    /// Upgrade state written in an older type: when a restored checkpoint or savepoint recorded the
+    /// next keyed operator's state as `Old` (same structure), every old value is read as `Old` and
+    /// the operator starts with `f(old)`. For changes serde reads by itself (a new field with
+    /// `#[serde(default)]`, a renamed one with `#[serde(alias = "old")]`) no migration is needed.
+    /// `New` must be the state type of the operator that follows (a different one panics when the
+    /// job is built).
+    pub fn migrate_state<Old: StateValue, New: StateValue>(
+        mut self,
+        f: impl Fn(Old) -> New + Send + Sync + 'static,
+    ) -> Self {
+        self.migration = Some(Arc::new(Migration::<K, New>::new::<Old>(f)));
         self
     }
 
@@ -48,9 +62,24 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
             }),
         );
         let f: KeyedFn<K, T, P::State, O> = Arc::new(logic);
+        let migration = self.migration.map(|m| {
+            m.downcast::<Migration<K, P::State>>().unwrap_or_else(|_| {
+                panic!(
+                    "migrate_state before the keyed operator `{uid}` makes a state type other than its `{}`",
+                    std::any::type_name::<P::State>()
+                )
+            })
+        });
+        // Traced once per operator, recorded with every snapshot of its state.
+        let schema = StateSchema::of::<(K, P::State)>();
+        let schema = Arc::new({
+            let bytes = schema.encode();
+            (schema, bytes)
+        });
         let uid = uid.to_string();
         let chain: ChainFn<O> = Arc::new(move |ctx, tail| {
             let inputs = ctx.take_inputs::<T>();
+            let (schema, migration) = (schema.clone(), migration.clone());
             let range = KeyGroupRange::for_subtask(ctx.max_parallelism, ctx.parallelism, ctx.subtask);
             let mut op = KeyedProcessOp {
                 uid: uid.clone(),
@@ -67,6 +96,8 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 now_ms: 0,
                 timers_per_step: ctx.batch_size.max(1),
                 cmds: Vec::new(),
+                schema,
+                migration,
             };
             op.restore(ctx.restore, ctx.subtask, ctx.parallelism)?;
             Ok(Box::new(InputBody::new(ctx, inputs, Box::new(op))?) as Box<dyn TaskBody>)

@@ -8,6 +8,7 @@
 mod cow_map;
 mod hash;
 mod restore;
+mod schema;
 mod snapshot;
 
 use serde::de::DeserializeOwned;
@@ -20,7 +21,8 @@ pub use hash::{splitmix64, stable_hash, StableHasher};
 pub(crate) use restore::RestoreIndex;
 #[cfg(test)]
 pub(crate) use restore::RestoredPart;
-pub(crate) use snapshot::{encode_plain, ElementState, SnapshotBuilder, StateImage};
+pub(crate) use schema::{Evolve, Migration, StateSchema};
+pub(crate) use snapshot::{encode_plain, ElementState, PlainImage, SnapshotBuilder, StateImage};
 
 /// Trait bounds of keys.
 pub trait Key: Hash + Eq + Clone + Send + Sync + Serialize + DeserializeOwned + 'static {}
