@@ -110,8 +110,35 @@ pub(crate) fn wait_until_gone(state: &Path, limit: std::time::Duration) -> bool 
     }
 }
 
-pub(crate) fn status(state: &Path) -> Result<()> {
-    println!("{}", ask(state, "status")?);
+pub(crate) fn status(state: &Path, json: bool) -> Result<()> {
+    if json {
+        println!("{}", ask(state, "status-json")?.trim());
+    } else {
+        println!("{}", ask(state, "status")?);
+    }
+    Ok(())
+}
+
+/// `cutline trace`: the stored epoch trace of one completed checkpoint, read from the state
+/// directory (or the checkpoint store it names), as text with the slowest step marked, or as JSON.
+pub(crate) fn trace(state: &Path, checkpoint_store: Option<&str>, checkpoint: &str, json: bool) -> Result<()> {
+    let store: std::sync::Arc<dyn CheckpointStore> = match checkpoint_store {
+        Some(url) => crate::args::open_store(url).map_err(|e| anyhow::anyhow!("--checkpoint-store {url}: {e}"))?,
+        None => {
+            if !state.join("job.meta").exists() && !state.join("stats").is_dir() {
+                bail!("{} holds no cutline state (no job.meta, no stats/)", state.display());
+            }
+            std::sync::Arc::new(LocalDirStore::open_existing(state)?)
+        }
+    };
+    let record = admin::read_record(&*store, checkpoint).map_err(|(_, why)| {
+        anyhow::anyhow!("{why}; `cutline checkpoints --state {}` lists the checkpoints", state.display())
+    })?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&admin::trace_json(&record))?);
+    } else {
+        println!("{}", admin::format_trace(&record));
+    }
     Ok(())
 }
 

@@ -45,6 +45,8 @@ pub(crate) struct NexmarkArgs {
     pub(crate) mode: String,
     #[command(flatten)]
     pub(crate) tuning: CheckpointTuning,
+    #[command(flatten)]
+    pub(crate) observe: ObserveArgs,
     /// Sleep this many microseconds at one bid in 64, to make a small run last (drills).
     #[arg(long, default_value_t = 0)]
     pub(crate) pace_us: u64,
@@ -101,6 +103,29 @@ pub(crate) struct WordcountArgs {
     pub(crate) kill_self_at: Option<String>,
     #[command(flatten)]
     pub(crate) cluster: ClusterArgs,
+    #[command(flatten)]
+    pub(crate) observe: ObserveArgs,
+}
+
+/// The HTTP endpoint's address when none is given: loopback only.
+pub(crate) const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9470";
+
+/// How a running job can be watched: its HTTP endpoint and its status line.
+#[derive(Args, Clone)]
+pub(crate) struct ObserveArgs {
+    /// Serve the dashboard (/), Prometheus metrics (/metrics) and health probes (/healthz, /readyz)
+    /// on this address, or `off`. Loopback by default; if the default port is taken, a free one is
+    /// used (and logged). Anyone who can reach it may change checkpoint settings (see
+    /// --http-read-only).
+    #[arg(long, default_value = DEFAULT_HTTP_ADDR, env = "CUTLINE_HTTP", value_name = "HOST:PORT|off")]
+    pub(crate) http: String,
+    /// The HTTP endpoint refuses changes to the checkpoint settings.
+    #[arg(long)]
+    pub(crate) http_read_only: bool,
+    /// A live status line (records/s, the latest checkpoint, backlog) on standard output: `auto`
+    /// (when it is a terminal), `on` or `off`.
+    #[arg(long, default_value = "auto", value_name = "auto|on|off")]
+    pub(crate) status_line: String,
 }
 
 /// Run the job as the coordinator of worker processes (see `cutline worker`).

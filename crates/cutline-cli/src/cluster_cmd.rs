@@ -5,22 +5,36 @@ use anyhow::{bail, Context, Result};
 use cutline::cluster::WorkerConfig;
 use std::path::{Path, PathBuf};
 
+/// `cutline worker`'s addresses and options.
+pub(crate) struct WorkerArgs {
+    pub(crate) join: String,
+    pub(crate) listen: String,
+    pub(crate) advertise: Option<String>,
+    pub(crate) frame_protection: cutline::cluster::FrameProtection,
+    /// Where to serve probes and metrics, or `off`.
+    pub(crate) http: String,
+}
+
 pub(crate) fn worker(
-    join: String,
+    a: WorkerArgs,
     secret_file: Option<&Path>,
-    listen: String,
-    advertise: Option<String>,
     rejoin_timeout: &str,
-    frame_protection: cutline::cluster::FrameProtection,
     faults: cutline::Faults,
 ) -> Result<()> {
-    let mut cfg = WorkerConfig::new(join, read_secret(secret_file)?);
-    cfg.listen = listen;
-    cfg.advertise = advertise;
+    let mut cfg = WorkerConfig::new(a.join, read_secret(secret_file)?);
+    cfg.listen = a.listen;
+    cfg.advertise = a.advertise;
     cfg.rejoin_timeout_ms = ms_flag("rejoin-timeout", rejoin_timeout)?;
-    cfg.frame_protection = frame_protection;
+    cfg.frame_protection = a.frame_protection;
     cfg.secret_origin = secret_file.map(|p| p.display().to_string());
     cfg.faults = faults;
+    let _http = if a.http == "off" {
+        None
+    } else {
+        let s = cutline::admin::serve_worker_http(&a.http, cfg.status.clone()).context("--http")?;
+        tracing::info!(event = "http_endpoint", addr = %s.addr(), "worker probes http://{0}/healthz and /readyz, metrics http://{0}/metrics", s.addr());
+        Some(s)
+    };
     Ok(cutline::cluster::run_worker(cfg, &build_job, &open_store)?)
 }
 

@@ -10,10 +10,11 @@ mod bench_timers;
 mod cluster_cmd;
 mod demo;
 mod logging;
+mod observe;
 mod run;
 mod signals;
 
-use admin_cmd::{list_checkpoints, savepoint, status, tune};
+use admin_cmd::{list_checkpoints, savepoint, status, trace, tune};
 use args::{RunJob, TuneArgs};
 use bench::{bench, bench_backlog, bench_coordinator, BenchArgs};
 
@@ -133,6 +134,26 @@ enum Cmd {
         /// The state directory of the running job.
         #[arg(long)]
         state: PathBuf,
+        /// Print the job's metrics as one JSON object (for scripts).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show how one completed checkpoint went through the job (its epoch trace): when its barrier
+    /// reached each input of each task, the snapshots, uploads and acks, the commit, and the slowest
+    /// step. Works on a running or a stopped job.
+    Trace {
+        /// The job's state directory.
+        #[arg(long)]
+        state: PathBuf,
+        /// Where the checkpoints are, if not in the state directory (as `cutline run --checkpoint-store`).
+        #[arg(long, value_name = "URL")]
+        checkpoint_store: Option<String>,
+        /// The checkpoint id, or `latest`.
+        #[arg(long, default_value = "latest")]
+        checkpoint: String,
+        /// Print the trace as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Failure drill: run word count while injecting failures, restore, compare with a failure-free run.
     Drill {
@@ -171,6 +192,10 @@ enum Cmd {
         /// wordcount --kill-self-at`); a worker started again without it runs normally.
         #[arg(long, value_name = "POINT:N", hide = true)]
         kill_self_at: Option<String>,
+        /// Serve health probes (/healthz, /readyz) and metrics (/metrics) on this address (e.g.
+        /// 0.0.0.0:9471 in a container), or `off`.
+        #[arg(long, default_value = "off", value_name = "HOST:PORT|off")]
+        http: String,
     },
     /// Start a coordinator and N workers on this machine (a local cluster) for a job, and restart any
     /// of them that dies until the job is over.
@@ -322,13 +347,17 @@ fn main() {
         Cmd::Checkpoints { state } => list_checkpoints(&state),
         Cmd::Tune { state, settings } => tune(&state, &settings),
         Cmd::Savepoint { state, to, stop } => savepoint(&state, to.as_deref(), stop),
-        Cmd::Status { state } => status(&state),
+        Cmd::Status { state, json } => status(&state, json),
+        Cmd::Trace { state, checkpoint_store, checkpoint, json } => {
+            trace(&state, checkpoint_store.as_deref(), &checkpoint, json)
+        }
         Cmd::Drill { seed, runs, sim_seeds } => drill(seed, runs, sim_seeds),
-        Cmd::Worker { join, secret_file, listen, advertise, rejoin_timeout, frame_protection, kill_self_at } => {
+        Cmd::Worker { join, secret_file, listen, advertise, rejoin_timeout, frame_protection, kill_self_at, http } => {
             match kill_self_at.as_deref().map(run::kill_self_at).transpose() {
                 Ok(faults) => {
                     let faults = faults.unwrap_or_default();
-                    worker(join, secret_file.as_deref(), listen, advertise, &rejoin_timeout, frame_protection, faults)
+                    let a = cluster_cmd::WorkerArgs { join, listen, advertise, frame_protection, http };
+                    worker(a, secret_file.as_deref(), &rejoin_timeout, faults)
                 }
                 Err(e) => Err(e),
             }

@@ -2,7 +2,7 @@
 //! `cutline run nexmark` (a Nexmark query into files), with their admin socket, stopped cleanly by
 //! SIGTERM or SIGINT.
 
-use crate::args::{ms_flag, open_store, parse_interval, read_secret, NexmarkArgs, WordcountArgs};
+use crate::args::{ms_flag, open_store, parse_interval, read_secret, NexmarkArgs, ObserveArgs, WordcountArgs};
 use anyhow::{bail, Context, Result};
 use cutline::admin::{self, AdminError};
 use cutline::cluster::ClusterConfig;
@@ -180,6 +180,10 @@ pub(crate) fn check_savepoint(path: &Path, fingerprint: &str) -> Result<PathBuf>
 
 pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
     // Settings are checked before anything is created.
+    crate::observe::wants_status_line(&a.observe)?;
+    if a.observe.http != "off" {
+        cutline::admin::http::parse_addr(&a.observe.http).context("--http")?;
+    }
     let mut checkpoint = CheckpointConfig {
         interval_ms: parse_interval(&a.checkpoint_interval)?,
         mode: a.mode.parse().map_err(anyhow::Error::msg)?,
@@ -251,11 +255,15 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
             cutline::cluster::spawn_cluster(graph, cfg, cluster)?
         }
     };
-    supervise(handle, &a.state, store)
+    supervise(handle, &a.state, store, &a.observe)
 }
 
 /// `cutline run nexmark`: a Nexmark query into a directory, embedded.
 pub(crate) fn run_nexmark(a: &NexmarkArgs) -> Result<()> {
+    crate::observe::wants_status_line(&a.observe)?;
+    if a.observe.http != "off" {
+        cutline::admin::http::parse_addr(&a.observe.http).context("--http")?;
+    }
     let mut checkpoint = CheckpointConfig {
         interval_ms: parse_interval(&a.checkpoint_interval)?,
         mode: a.mode.parse().map_err(anyhow::Error::msg)?,
@@ -283,12 +291,17 @@ pub(crate) fn run_nexmark(a: &NexmarkArgs) -> Result<()> {
         cfg.faults = kill_self_at(spec)?;
     }
     cfg.savepoint_dir = Some(std::path::absolute(a.state.join("savepoints"))?);
-    supervise(cutline::spawn(graph, cfg), &a.state, store)
+    supervise(cutline::spawn(graph, cfg), &a.state, store, &a.observe)
 }
 
 /// Serve the admin socket of a running job, stop it cleanly on SIGTERM or SIGINT, wait for its end
 /// and say how it ended.
-fn supervise(handle: cutline::JobHandle, state: &Path, store: Arc<dyn CheckpointStore>) -> Result<()> {
+fn supervise(
+    handle: cutline::JobHandle,
+    state: &Path,
+    store: Arc<dyn CheckpointStore>,
+    observe: &ObserveArgs,
+) -> Result<()> {
     let socket = state.join(admin::SOCKET_FILE);
     // From here on SIGTERM and SIGINT stop the job cleanly (a second one exits at once).
     let signals = crate::signals::StopOnSignal::install(handle.control(), &socket)?;
@@ -319,7 +332,24 @@ fn supervise(handle: cutline::JobHandle, state: &Path, store: Arc<dyn Checkpoint
         },
         Err(_) => None,
     };
+    // Like the admin socket, once the job answers (it may have ended already).
+    let http = if !handle.is_finished() {
+        match crate::observe::serve_http(observe, handle.control(), store.clone()) {
+            Ok(h) => h,
+            Err(e) => {
+                handle.stop();
+                let _ = handle.join();
+                return Err(e.context("cannot serve the HTTP endpoint; the job was stopped"));
+            }
+        }
+    } else {
+        None
+    };
+    let status_line =
+        crate::observe::wants_status_line(observe)?.then(|| crate::observe::StatusLine::start(handle.control()));
     let report = handle.join();
+    drop(status_line);
+    drop(http);
     drop(server); // after the job ended: requests in progress are answered first
     let signal = signals.received();
     let report = report?;

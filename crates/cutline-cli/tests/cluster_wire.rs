@@ -48,6 +48,7 @@ fn json_logs(cmd: &mut Command) -> &mut Command {
 
 fn coordinator(s: &Scratch, addr: &str, workers: usize, extra: &[&str]) -> Child {
     let mut cmd = Command::new(BIN);
+    cmd.env("CUTLINE_HTTP", "127.0.0.1:0");
     cmd.args(["run", "wordcount", "--input"])
         .arg(s.path("input.txt"))
         .arg("--output")
@@ -65,6 +66,7 @@ fn coordinator(s: &Scratch, addr: &str, workers: usize, extra: &[&str]) -> Child
 
 fn worker(s: &Scratch, addr: &str, name: &str, secret: &Path, extra: &[&str]) -> Child {
     let mut cmd = Command::new(BIN);
+    cmd.env("CUTLINE_HTTP", "127.0.0.1:0");
     cmd.args(["worker", "--join", addr, "--secret-file"])
         .arg(secret)
         .args(["--rejoin-timeout", "60s"])
@@ -150,6 +152,7 @@ fn a_local_cluster_with_sealed_frames_counts_words_exactly() {
     let s = scratch("wire-sealed", 20_000);
     let text = std::fs::read_to_string(s.path("input.txt")).unwrap();
     let mut cmd = Command::new(BIN);
+    cmd.env("CUTLINE_HTTP", "127.0.0.1:0");
     cmd.args(["cluster", "--workers", "2", "wordcount", "--input"])
         .arg(s.path("input.txt"))
         .arg("--output")
@@ -177,6 +180,7 @@ fn sigterm_to_a_local_cluster_stops_the_job_and_every_process_and_a_rerun_resume
     let text = std::fs::read_to_string(s.path("input.txt")).unwrap();
     let cluster = |s: &Scratch, log: &str| {
         let mut cmd = Command::new(BIN);
+        cmd.env("CUTLINE_HTTP", "127.0.0.1:0");
         cmd.args(["cluster", "--workers", "2", "wordcount", "--input"])
             .arg(s.path("input.txt"))
             .arg("--output")

@@ -54,6 +54,7 @@ impl Scratch {
     }
     fn spawn(&self, extra: &[&str]) -> Child {
         Command::new(bin())
+            .env("CUTLINE_HTTP", "127.0.0.1:0")
             .args(self.args(extra))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -229,7 +230,8 @@ fn max_concurrent_is_bounded_alike_for_run_and_tune_and_a_1ms_interval_keeps_dat
         let start = Instant::now();
         let mut args = vec!["--parallelism", "2", "--checkpoint-interval", "1ms"];
         args.extend(extra);
-        let out = Command::new(bin()).arg("-v").args(s.args(&args)).output().unwrap();
+        let out =
+            Command::new(bin()).env("CUTLINE_HTTP", "127.0.0.1:0").arg("-v").args(s.args(&args)).output().unwrap();
         let log = text(&out);
         assert!(out.status.success(), "{log}");
         s.assert_exact();

@@ -53,6 +53,13 @@ pub enum StoreOp {
         /// The generation just claimed.
         generation: Generation,
     },
+    /// Asked before the statistics of a checkpoint are written ([`CheckpointStore::write_stats`]) or
+    /// pruned ([`CheckpointStore::prune_stats`], with the checkpoint 0): `true` fails it and nothing
+    /// changes.
+    WriteStats {
+        /// The checkpoint whose statistics are written.
+        checkpoint: CheckpointId,
+    },
 }
 
 /// Decides, per operation, whether it fails (`true`: fail). Called once per write-like call (twice for
@@ -190,6 +197,24 @@ impl<S: CheckpointStore> CheckpointStore for FaultyStore<S> {
 
     fn check_not_fenced(&self, generation: Generation) -> Result<(), StorageError> {
         self.inner.check_not_fenced(generation)
+    }
+
+    fn write_stats(&self, checkpoint: CheckpointId, payload: &[u8]) -> Result<(), StorageError> {
+        self.check(StoreOp::WriteStats { checkpoint })?;
+        self.inner.write_stats(checkpoint, payload)
+    }
+
+    fn read_stats(&self, checkpoint: CheckpointId) -> Result<Option<Vec<u8>>, StorageError> {
+        self.inner.read_stats(checkpoint)
+    }
+
+    fn list_stats(&self) -> Result<Vec<CheckpointId>, StorageError> {
+        self.inner.list_stats()
+    }
+
+    fn prune_stats(&self, keep: usize) -> Result<usize, StorageError> {
+        self.check(StoreOp::WriteStats { checkpoint: CheckpointId(0) })?;
+        self.inner.prune_stats(keep)
     }
 
     fn describe(&self) -> String {

@@ -155,8 +155,14 @@ pub(crate) fn decode_record<T: DeserializeOwned>(path: &Path, bytes: &[u8], kind
 mod tests {
     use super::*;
 
-    const KINDS: [FileKind; 5] =
-        [FileKind::TaskState, FileKind::Manifest, FileKind::JobMeta, FileKind::Finished, FileKind::GenerationRecord];
+    const KINDS: [FileKind; 6] = [
+        FileKind::TaskState,
+        FileKind::Manifest,
+        FileKind::JobMeta,
+        FileKind::Finished,
+        FileKind::GenerationRecord,
+        FileKind::CheckpointStats,
+    ];
 
     /// Re-stamps a frame's version field and fixes its checksum, as a newer writer would.
     fn with_version(mut frame: Vec<u8>, version: u16) -> Vec<u8> {

@@ -22,6 +22,10 @@ pub enum FileKind {
     /// A [`crate::GenerationRecord`] (`generations/gen-<generation>`): which coordinator started a
     /// generation, and from where.
     GenerationRecord = 5,
+    /// The statistics and epoch trace of one completed checkpoint (`stats/chk-<id>`): an opaque
+    /// payload the engine writes after the checkpoint completed, kept for dashboards and `cutline
+    /// trace` (also after a restart), never read to restore anything.
+    CheckpointStats = 6,
 }
 
 impl fmt::Display for FileKind {
@@ -32,6 +36,7 @@ impl fmt::Display for FileKind {
             FileKind::JobMeta => "job meta",
             FileKind::Finished => "finished marker",
             FileKind::GenerationRecord => "generation record",
+            FileKind::CheckpointStats => "checkpoint statistics",
         };
         f.write_str(name)
     }

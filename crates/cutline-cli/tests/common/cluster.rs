@@ -14,6 +14,8 @@ pub struct Cluster<'a> {
     pub s: &'a Scratch,
     pub addr: String,
     coordinator_args: Vec<String>,
+    /// Extra arguments of every worker.
+    worker_args: Vec<String>,
     pub coordinator: Child,
     pub workers: Vec<Child>,
 }
@@ -23,6 +25,11 @@ impl<'a> Cluster<'a> {
     /// --output ... --state ...` and the job's settings): it gets `--coordinator`, `--workers`, the
     /// secret (written to `secret` in the scratch directory), 50 ms heartbeats and a 1 s timeout.
     pub fn start(s: &'a Scratch, workers: usize, job: &[String]) -> Cluster<'a> {
+        Cluster::start_with(s, workers, job, &[])
+    }
+
+    /// [`Cluster::start`], with `worker_args` on every worker's command line.
+    pub fn start_with(s: &'a Scratch, workers: usize, job: &[String], worker_args: &[&str]) -> Cluster<'a> {
         s.write("secret", SECRET);
         let addr = super::free_port();
         let mut coordinator_args = job.to_vec();
@@ -48,7 +55,8 @@ impl<'a> Cluster<'a> {
             .stderr(s.log("coordinator"))
             .spawn()
             .unwrap();
-        let mut c = Cluster { s, addr, coordinator_args, coordinator, workers: Vec::new() };
+        let worker_args = worker_args.iter().map(|a| a.to_string()).collect();
+        let mut c = Cluster { s, addr, coordinator_args, worker_args, coordinator, workers: Vec::new() };
         for i in 0..workers {
             let w = c.start_worker(i, &[]);
             c.workers.push(w);
@@ -61,6 +69,7 @@ impl<'a> Cluster<'a> {
         cutline()
             .args(["worker", "--join", &self.addr, "--secret-file", &self.s.arg("secret"), "-v"])
             .args(["--rejoin-timeout", "30s"])
+            .args(&self.worker_args)
             .args(extra)
             .stdout(self.s.log(&format!("worker-{i}")))
             .stderr(self.s.log(&format!("worker-{i}")))

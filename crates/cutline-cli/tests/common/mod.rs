@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 pub mod cluster;
 #[cfg(unix)]
 pub mod drill;
+pub mod http;
 #[cfg(all(unix, feature = "postgres"))]
 pub mod pg;
 
@@ -30,6 +31,8 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_cutline");
 pub fn cutline() -> Command {
     let mut c = Command::new(BIN);
     c.env("CUTLINE_LOG_FORMAT", "json").env_remove("CUTLINE_LOG");
+    // Jobs of tests running at once each serve their HTTP endpoint on a port of their own.
+    c.env("CUTLINE_HTTP", "127.0.0.1:0");
     c
 }
 

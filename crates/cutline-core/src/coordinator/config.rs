@@ -27,7 +27,7 @@ pub fn check_max_concurrent(n: usize) -> Result<(), String> {
 }
 
 /// Checkpointing settings. Defaults are documented on each field.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct CheckpointConfig {
     /// Time between checkpoint triggers; `None` turns periodic checkpoints off (the final checkpoint
     /// at end of input is still taken). Default 1000 ms.

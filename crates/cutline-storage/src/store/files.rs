@@ -111,6 +111,25 @@ macro_rules! impl_checkpoint_store {
             fn check_not_fenced(&self, generation: ::cutline_core::Generation) -> Result<(), $crate::StorageError> {
                 $crate::store::fencing::check_not_fenced(self, generation)
             }
+            fn write_stats(
+                &self,
+                checkpoint: ::cutline_core::CheckpointId,
+                payload: &[u8],
+            ) -> Result<(), $crate::StorageError> {
+                $crate::store::stats::write_stats(self, checkpoint, payload)
+            }
+            fn read_stats(
+                &self,
+                checkpoint: ::cutline_core::CheckpointId,
+            ) -> Result<Option<Vec<u8>>, $crate::StorageError> {
+                $crate::store::stats::read_stats(self, checkpoint)
+            }
+            fn list_stats(&self) -> Result<Vec<::cutline_core::CheckpointId>, $crate::StorageError> {
+                $crate::store::stats::list_stats(self)
+            }
+            fn prune_stats(&self, keep: usize) -> Result<usize, $crate::StorageError> {
+                $crate::store::stats::prune_stats(self, keep)
+            }
             fn describe(&self) -> String {
                 $crate::store::Files::describe(self)
             }

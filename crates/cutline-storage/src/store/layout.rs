@@ -10,6 +10,7 @@ pub(crate) const MANIFEST_NAME: &str = "_MANIFEST";
 pub(crate) const GENERATIONS_DIR: &str = "generations";
 pub(super) const META_PATH: &str = "job.meta";
 pub(super) const FINISHED_PATH: &str = "FINISHED";
+pub(super) const STATS_DIR: &str = "stats";
 
 pub(crate) fn checkpoint_dir(id: CheckpointId) -> String {
     format!("{CHECKPOINTS_DIR}/chk-{:020}", id.0)
@@ -21,6 +22,10 @@ pub(super) fn manifest_path(id: CheckpointId) -> String {
 
 pub(super) fn task_state_path(id: CheckpointId, operator: &OperatorId, subtask: SubtaskIndex) -> String {
     format!("{}/{}-{}.state", checkpoint_dir(id), operator, subtask.0)
+}
+
+pub(super) fn stats_path(id: CheckpointId) -> String {
+    format!("{STATS_DIR}/chk-{:020}", id.0)
 }
 
 pub(super) fn parse_checkpoint_dir(name: &str) -> Option<CheckpointId> {

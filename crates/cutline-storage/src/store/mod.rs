@@ -16,6 +16,7 @@ pub(crate) mod fencing;
 mod files;
 pub(crate) mod layout;
 pub(crate) mod ops;
+pub(crate) mod stats;
 
 pub(crate) use files::{impl_checkpoint_store, Entry, Files};
 
@@ -45,6 +46,7 @@ use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskI
 /// generations/gen-<generation, 20 digits>          GenerationRecord, created only if absent
 /// checkpoints/chk-<id, 20 digits>/<operator>-<subtask>.state
 /// checkpoints/chk-<id, 20 digits>/_MANIFEST        present = the checkpoint is committed
+/// stats/chk-<id, 20 digits>                          statistics of a completed checkpoint (opaque)
 /// ```
 ///
 /// [`LocalDirStore`](crate::LocalDirStore) writes to a temporary name (`.<name>.<pid>-<seq>.tmp`)
@@ -214,6 +216,23 @@ pub trait CheckpointStore: Send + Sync {
     /// `None` if it never finished. A damaged marker is an error ([`StorageError::is_corruption`]).
     /// The checkpoint it names may since have been removed or replaced: check it before trusting it.
     fn finished(&self) -> Result<Option<CheckpointId>, StorageError>;
+
+    /// Writes (replacing) the statistics of the completed checkpoint `checkpoint`: an opaque payload,
+    /// framed and checksummed, that the engine keeps for people (durations, sizes, the epoch's trace).
+    /// Statistics decide nothing: retention ([`CheckpointStore::gc`]) leaves them alone, and
+    /// [`CheckpointStore::prune_stats`] keeps the newest.
+    fn write_stats(&self, checkpoint: CheckpointId, payload: &[u8]) -> Result<(), StorageError>;
+
+    /// The statistics of `checkpoint` as written; `None` if there are none. A damaged file is an
+    /// error ([`StorageError::is_corruption`]).
+    fn read_stats(&self, checkpoint: CheckpointId) -> Result<Option<Vec<u8>>, StorageError>;
+
+    /// The checkpoints that have statistics, ascending (one listing of `stats/`).
+    fn list_stats(&self) -> Result<Vec<CheckpointId>, StorageError>;
+
+    /// Removes the statistics of all but the `keep` newest checkpoints, and leftovers of interrupted
+    /// writes; returns how many files it removed.
+    fn prune_stats(&self, keep: usize) -> Result<usize, StorageError>;
 
     /// Where the store lives, for messages (e.g. `local directory /var/lib/job`,
     /// `s3://bucket/prefix at http://127.0.0.1:9000`).

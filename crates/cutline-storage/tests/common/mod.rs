@@ -18,6 +18,7 @@ pub mod fencing;
 pub mod gc;
 pub mod generations;
 pub mod moved;
+pub mod stats;
 
 use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};
 use cutline_storage::{
@@ -175,6 +176,7 @@ macro_rules! conformance_suite {
             moved::ids_and_generations_at_u64_max_work,
             moved::names_beyond_u64_max_are_ignored,
             moved::sizes_near_u64_max_in_a_manifest_do_not_overflow,
+            stats::stats_roundtrip_survive_gc_and_prune_to_the_newest,
         );
     };
     (@tests $new:path; $($module:ident :: $scenario:ident),* $(,)?) => {

@@ -38,6 +38,7 @@
 //! |---|---|
 //! | `ping` | `ok cutline pid=<pid>` while the job runs |
 //! | `status` | `ok`, then a readable report: settings, per-task backpressure and idle time, channel occupancy, recent failed and completed checkpoints |
+//! | `status-json` | `ok`, then the job's [`JobMetrics`](crate::runtime::JobMetrics) as one JSON object on one line |
 //! | `config` | `ok <settings>`: every checkpoint setting as `key=value`, the syntax `set` takes |
 //! | `set key=value ...` | `ok <settings>` now in force; only the named keys change |
 //! | `savepoint [to=PATH]` | `ok checkpoint=<id> bytes=<n> path=<PATH>` once the savepoint is exported |
@@ -68,21 +69,28 @@
 //! savepoint goes to the job's savepoint directory.
 
 mod client;
+pub mod http;
 mod peer;
+pub mod prometheus;
 mod protocol;
 mod server;
 mod status;
 #[cfg(test)]
 mod tests;
+mod trace_text;
 pub mod units;
+pub mod web;
 
 pub use client::{answer_timeout, request, request_ok, request_with_timeout};
 pub use protocol::{
-    apply_settings, format_config, mode_name, parse_bool, parse_request, parse_setting, Request, Setting, SETTING_KEYS,
+    apply_settings, format_config, mode_name, parse_bool, parse_request, parse_set, parse_setting, Request, Setting,
+    SETTING_KEYS,
 };
 pub use server::{serve, AdminServer};
 pub use status::format_status;
+pub use trace_text::{format_trace, trace_json};
 pub use units::{format_duration_ms, parse_bytes, parse_duration_ms, parse_optional_bytes, parse_optional_duration_ms};
+pub use web::{read_record, serve_job_http, serve_worker_http, WebOptions};
 
 use std::path::PathBuf;
 use std::time::Duration;

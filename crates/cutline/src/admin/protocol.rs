@@ -15,6 +15,9 @@ pub enum Request {
     Ping,
     /// `status`: settings, flow control and recent checkpoints.
     Status,
+    /// `status-json`: the job's metrics ([`JobMetrics`](crate::runtime::JobMetrics)) as one JSON
+    /// object, for scripts.
+    StatusJson,
     /// `config`: the checkpoint settings in force.
     Config,
     /// `set key=value ...`: change these settings from the next checkpoint.
@@ -150,6 +153,7 @@ pub fn parse_request(line: &str) -> Result<Request, String> {
         "" => Err("empty request: try help".into()),
         "ping" => no_args(Request::Ping),
         "status" => no_args(Request::Status),
+        "status-json" => no_args(Request::StatusJson),
         "config" => no_args(Request::Config),
         "stop" => no_args(Request::Stop),
         "help" => no_args(Request::Help),
@@ -176,12 +180,13 @@ pub fn parse_request(line: &str) -> Result<Request, String> {
             Ok(Request::Savepoint { to, stop: cmd == "stop-with-savepoint" })
         }
         other => Err(format!(
-            "unknown request {other:?}: use ping, status, config, set, savepoint, stop-with-savepoint, stop or help"
+            "unknown request {other:?}: use ping, status, status-json, config, set, savepoint, stop-with-savepoint, stop or help"
         )),
     }
 }
 
-fn parse_set(args: &str) -> Result<Vec<Setting>, String> {
+/// The settings of a `set` request: `key=value` tokens separated by white space, each key once.
+pub fn parse_set(args: &str) -> Result<Vec<Setting>, String> {
     if args.is_empty() {
         return Err(format!("set needs at least one key=value; the keys are {}", SETTING_KEYS.join(", ")));
     }
@@ -257,6 +262,7 @@ pub fn parse_bool(s: &str) -> Result<bool, String> {
 const HELP: &str = "requests:
   ping
   status
+  status-json
   config
   set key=value ...   keys: interval timeout min-pause max-concurrent tolerable-failures mode unaligned alignment-timeout max-aligned-bytes
   savepoint [to=ABSOLUTE-PATH]
@@ -275,6 +281,9 @@ pub(crate) fn answer(control: &JobControl, line: &str) -> String {
         Request::Help => Ok(format!("ok\n{HELP}")),
         Request::Config => control.checkpoint_config().map(|c| format!("ok {}", format_config(&c))),
         Request::Status => control.metrics().map(|m| format!("ok\n{}", format_status(&m))),
+        Request::StatusJson => {
+            control.metrics().map(|m| format!("ok\n{}", serde_json::to_string(&m).expect("metrics always serialize")))
+        }
         Request::Set(settings) => {
             // Applied on the job's coordinator thread to the settings in force: only the given keys
             // change, whoever else changes others meanwhile.

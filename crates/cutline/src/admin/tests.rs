@@ -159,7 +159,7 @@ fn status_reports_settings_tasks_channels_and_checkpoints() {
         generation: Generation(2),
         config: CheckpointConfig { unaligned: true, ..Default::default() },
         tasks: vec![
-            TaskReport { name: "lines#0".into(), backpressured_ms: 5, idle_ms: 7, inputs: vec![] },
+            TaskReport { name: "lines#0".into(), backpressured_ms: 5, idle_ms: 7, ..Default::default() },
             TaskReport {
                 name: "counts#0".into(),
                 backpressured_ms: 0,
@@ -169,7 +169,9 @@ fn status_reports_settings_tasks_channels_and_checkpoints() {
                     queued_batches: 3,
                     capacity_batches: 16,
                     high_water_batches: 16,
+                    records: 0,
                 }],
+                ..Default::default()
             },
         ],
         checkpoints: vec![
@@ -192,6 +194,7 @@ fn status_reports_settings_tasks_channels_and_checkpoints() {
             held_up_by: vec!["counts#0".into()],
         }],
         pending: vec![CheckpointId(9)],
+        ..Default::default()
     };
     let s = format_status(&m);
     let lines: Vec<&str> = s.lines().collect();
@@ -254,7 +257,7 @@ fn fake_job(hung: bool) -> (crate::runtime::JobControl, std::thread::JoinHandle<
             }
             match c {
                 Command::CheckpointConfig(reply) => drop(reply.send(CheckpointConfig::default())),
-                Command::Metrics(reply) => drop(reply.send(JobMetrics::default())),
+                Command::Metrics { reply, .. } => drop(reply.send(JobMetrics::default())),
                 _ => {}
             }
         }

@@ -41,6 +41,8 @@ struct Shared<T> {
     producer: Arc<Waker>,
     /// Highest number of batches ever queued.
     high_water: AtomicU64,
+    /// Records the consumer has taken (counted per batch, for metrics).
+    records: AtomicU64,
     name: String,
 }
 
@@ -78,6 +80,7 @@ pub(crate) fn channel<T>(capacity: usize, producer: Arc<Waker>, consumer: Arc<Wa
         consumer,
         producer,
         high_water: AtomicU64::new(0),
+        records: AtomicU64::new(0),
         name,
     });
     (Tx(shared.clone()), Rx(shared))
@@ -204,8 +207,9 @@ impl<T> Rx<T> {
         match q.msgs.pop_front() {
             Some(m) => {
                 q.measured = (0, 0);
-                let freed = match m {
-                    Message::Data(_) => {
+                let freed = match &m {
+                    Message::Data(batch) => {
+                        s.records.fetch_add(batch.len() as u64, Ordering::Relaxed);
                         q.batches -= 1;
                         s.batches.store(q.batches as u64, Ordering::Relaxed);
                         // Ring the producer when the queue drains to half its capacity, not at every
@@ -233,6 +237,13 @@ impl<T> Rx<T> {
     pub fn has_message(&self) -> bool {
         let q = self.0.lock();
         !q.msgs.is_empty() || q.sender_gone
+    }
+
+    /// Records of the data batches queued here (what piled up behind a barrier, for traces and
+    /// metrics): one pass over at most the channel's capacity of batches.
+    pub fn queued_records(&self) -> u64 {
+        let q = self.0.lock();
+        q.msgs.iter().map(|m| if let Message::Data(b) = m { b.len() as u64 } else { 0 }).sum()
     }
 
     /// Bytes of the data queued here (for the aligned-checkpoint byte limit on blocked inputs): encoded
@@ -265,7 +276,7 @@ impl<T> Drop for Rx<T> {
 }
 
 /// Occupancy of one channel, for metrics.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChannelStats {
     /// "upstream#i->downstream#j".
     pub name: String,
@@ -276,6 +287,9 @@ pub struct ChannelStats {
     pub capacity_batches: usize,
     /// The most batches ever queued (it may exceed the capacity by one input batch's output).
     pub high_water_batches: usize,
+    /// Records the downstream task has taken from the channel since it was created.
+    #[serde(default)]
+    pub records: u64,
 }
 
 /// A type-erased view of one channel's occupancy.
@@ -290,6 +304,7 @@ impl<T: Send> Probe for Shared<T> {
             queued_batches: self.lock().batches,
             capacity_batches: self.capacity,
             high_water_batches: self.high_water.load(Ordering::Relaxed) as usize,
+            records: self.records.load(Ordering::Relaxed),
         }
     }
 }

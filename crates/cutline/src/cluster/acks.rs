@@ -313,8 +313,10 @@ mod tests {
             },
             timings: SnapshotTimings::default(),
             persist_ms: 1,
+            persist_us: 1000,
             encode_us: 2,
             write_us: 3,
+            received_at_us: 0,
         }
     }
 

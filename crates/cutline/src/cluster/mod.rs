@@ -35,6 +35,7 @@ pub(crate) mod wire;
 mod worker;
 mod worker_deploy;
 mod worker_links;
+mod worker_status;
 
 pub use config::{
     ClusterConfig, DEFAULT_DEPLOY_TIMEOUT_MS, DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_HEARTBEAT_TIMEOUT_MS,
@@ -43,3 +44,4 @@ pub use config::{
 pub use coordinator::spawn_cluster;
 pub use wire::FrameProtection;
 pub use worker::{run_worker, JobBuilder, StoreOpener, WorkerConfig, WorkerError, DEFAULT_REJOIN_TIMEOUT_MS};
+pub use worker_status::{WorkerState, WorkerStatus};

@@ -52,6 +52,8 @@ pub struct WorkerConfig {
     pub secret_origin: Option<String>,
     /// Drills: the fault policy of the tasks this worker runs (default: none).
     pub faults: Faults,
+    /// Where the worker tells its probes how it is (joined, running a generation, its tasks).
+    pub status: std::sync::Arc<super::WorkerStatus>,
 }
 
 impl WorkerConfig {
@@ -66,6 +68,7 @@ impl WorkerConfig {
             frame_protection: FrameProtection::default(),
             secret_origin: None,
             faults: Faults::none(),
+            status: Default::default(),
         }
     }
 }
@@ -331,6 +334,7 @@ fn session(
     }
     let store = open_store(&state).map_err(|e| format!("cannot open the checkpoint storage {state}: {e}"))?;
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    cfg.status.joined(&cfg.join);
     tracing::info!(
         event = "joined",
         worker = me,
@@ -514,6 +518,7 @@ fn session(
         if last_beat.elapsed() >= Duration::from_millis(settings.heartbeat_interval_ms) {
             last_beat = Instant::now();
             let tasks = current.as_ref().map(|g| g.reports()).unwrap_or_default();
+            cfg.status.running(current.as_ref().map(|g| g.generation.0), &tasks);
             if let Err(e) = send(&mut out, &ToCoordinator::Heartbeat { tasks }) {
                 break SessionEnd::Lost(e);
             }
@@ -523,6 +528,7 @@ fn session(
         }
     };
     // Whatever ended the session, no task of it runs on: a new coordinator restores from storage.
+    cfg.status.lost();
     if let Some(g) = current.take() {
         g.teardown();
     }

@@ -52,10 +52,18 @@ pub(crate) trait TaskBody: Send {
     ) -> Result<Polled, TaskError>;
     /// Encoded bytes of the data queued on input `i` (the byte limit of aligned checkpoints).
     fn queued_bytes(&self, i: usize) -> u64;
+    /// Records of the data queued on input `i` (what piled up during an alignment).
+    fn queued_records(&self, _i: usize) -> u64 {
+        0
+    }
     /// May the task start work that produces output?
     fn has_credit(&self) -> bool;
     /// Sources: read up to one batch and push it through the chain.
     fn poll_source(&mut self) -> Result<SourceStatus, TaskError>;
+    /// Sources: records read from the source since the task started (0 for other tasks).
+    fn records_read(&self) -> u64 {
+        0
+    }
     /// Sources: the input is exhausted; event time ends ([`EventTime::MAX`] goes down the chain,
     /// so every timer downstream fires before the final checkpoint).
     fn on_source_exhausted(&mut self) -> Result<(), TaskError>;
@@ -285,6 +293,9 @@ impl<T: Data> TaskBody for InputBody<T> {
     fn queued_bytes(&self, i: usize) -> u64 {
         self.inputs[i].queued_bytes(&|b| encode_batch(b).len() as u64)
     }
+    fn queued_records(&self, i: usize) -> u64 {
+        self.inputs[i].queued_records()
+    }
     fn has_credit(&self) -> bool {
         self.head.has_credit()
     }
@@ -357,6 +368,8 @@ pub(crate) struct SourceBody<S: Source> {
     stage_uid: String,
     /// The splits last announced to the chain ([`Source::splits`]).
     splits: Vec<SplitId>,
+    /// Records read from the source in this incarnation (metrics).
+    records_read: u64,
 }
 
 impl<S: Source> SourceBody<S> {
@@ -371,6 +384,7 @@ impl<S: Source> SourceBody<S> {
             input_ended: ended_before(ctx),
             stage_uid: ctx.stage_uid.clone(),
             splits: Vec::new(),
+            records_read: 0,
         }
     }
     fn source_err(&self) -> impl Fn(ConnectorError) -> TaskError + '_ {
@@ -405,10 +419,14 @@ impl<S: Source> TaskBody for SourceBody<S> {
             self.chain.on_source_splits(&self.splits)?;
         }
         if !self.buf.is_empty() {
+            self.records_read += self.buf.len() as u64;
             let batch = std::mem::replace(&mut self.buf, Vec::with_capacity(self.batch_size));
             self.chain.emit_batch(batch)?;
         }
         Ok(status)
+    }
+    fn records_read(&self) -> u64 {
+        self.records_read
     }
     fn on_source_exhausted(&mut self) -> Result<(), TaskError> {
         self.chain.on_watermark(WatermarkUpdate::At(EventTime::MAX))

@@ -12,7 +12,7 @@ use crossbeam_channel::{Receiver, Sender};
 use cutline_core::coordinator::CheckpointConfig;
 use std::path::PathBuf;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A request to a running job (see [`JobHandle`]).
 pub(crate) enum Command {
@@ -20,8 +20,16 @@ pub(crate) enum Command {
     SetCheckpointConfig(CheckpointConfig, Sender<Result<(), String>>),
     UpdateCheckpointConfig(ConfigEdit, Sender<Result<CheckpointConfig, String>>),
     CheckpointConfig(Sender<CheckpointConfig>),
-    Savepoint { stop: bool, target: Option<PathBuf>, reply: Sender<Result<SavepointInfo, String>> },
-    Metrics(Sender<JobMetrics>),
+    Savepoint {
+        stop: bool,
+        target: Option<PathBuf>,
+        reply: Sender<Result<SavepointInfo, String>>,
+    },
+    /// Metrics with up to `checkpoints` recent completed and failed checkpoints.
+    Metrics {
+        checkpoints: usize,
+        reply: Sender<JobMetrics>,
+    },
 }
 
 /// A change to the settings in force, applied on the coordinator's thread (see
@@ -114,8 +122,16 @@ impl JobControl {
 
     /// Flow-control and checkpoint figures of the running job.
     pub fn metrics(&self) -> Result<JobMetrics, String> {
+        self.metrics_with_history(super::METRICS_CHECKPOINTS)
+    }
+
+    /// [`JobControl::metrics`] listing up to `checkpoints` recent completed and failed checkpoints
+    /// (at most those the run keeps: [`CHECKPOINTS_KEPT`](super::CHECKPOINTS_KEPT) completed, with
+    /// those of earlier runs read back at its start, and
+    /// [`FAILED_CHECKPOINTS_KEPT`](super::FAILED_CHECKPOINTS_KEPT) failed).
+    pub fn metrics_with_history(&self, checkpoints: usize) -> Result<JobMetrics, String> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.commands.send(Command::Metrics(tx)).map_err(ended)?;
+        self.commands.send(Command::Metrics { checkpoints, reply: tx }).map_err(ended)?;
         answer(&rx, "")
     }
 
@@ -186,4 +202,38 @@ pub fn run(graph: &JobGraph, cfg: RunConfig) -> Result<JobReport, RunError> {
 
 fn run_with(graph: &JobGraph, cfg: RunConfig, commands: &Receiver<Command>) -> Result<JobReport, RunError> {
     run_on(graph, cfg, commands, &mut LocalBackend::default())
+}
+
+/// Wait `delay` before a restart, answering commands meanwhile (settings and savepoints are refused
+/// while the job restarts). `true` if a stop was requested.
+pub(crate) fn wait_answering(commands: &Receiver<Command>, delay: Duration, idle: &JobMetrics) -> bool {
+    let until = Instant::now() + delay;
+    loop {
+        match commands.recv_deadline(until) {
+            Ok(Command::Stop) => return true,
+            Ok(Command::SetCheckpointConfig(_, reply)) => {
+                let _ = reply.send(Err("the job is restarting; try again".into()));
+            }
+            Ok(Command::UpdateCheckpointConfig(_, reply)) => {
+                let _ = reply.send(Err("the job is restarting; try again".into()));
+            }
+            Ok(Command::CheckpointConfig(reply)) => {
+                let _ = reply.send(idle.config.clone());
+            }
+            Ok(Command::Savepoint { reply, .. }) => {
+                let _ = reply.send(Err("the job is restarting; try again".into()));
+            }
+            Ok(Command::Metrics { checkpoints, reply }) => {
+                let mut m = idle.clone();
+                m.checkpoints.drain(..m.checkpoints.len().saturating_sub(checkpoints));
+                m.failed.drain(..m.failed.len().saturating_sub(checkpoints));
+                let _ = reply.send(m);
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                std::thread::sleep(until.saturating_duration_since(Instant::now()));
+                return false;
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => return false,
+        }
+    }
 }

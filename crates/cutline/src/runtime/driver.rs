@@ -9,7 +9,10 @@
 use super::error::RunError;
 use super::report::{AckReport, CheckpointSummary};
 use super::run::own;
+use super::start::unix_ms;
+pub(crate) use super::stats::CheckpointLog;
 use super::task::{Control, SnapshotTimings};
+use super::trace::CheckpointRecord;
 use crate::dataflow::{EdgeKind, JobGraph};
 use crate::fault::{FaultPoint, Faults};
 use crate::state::SnapshotBuilder;
@@ -17,7 +20,7 @@ use cutline_core::barrier::{Barrier, SnapshotKind};
 use cutline_core::coordinator::{AbortReason, Coordinator, Decision, Event, Outcome};
 use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex, TaskId, TimeMs};
 use cutline_storage::{CheckpointStore, JobMeta, Manifest, StorageError, TaskStateHandle};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Instant;
 
 /// Where a task's state is filed in storage.
@@ -57,7 +60,8 @@ pub(crate) struct SnapshotJob {
 }
 
 /// Encode and durably write one task's snapshot; the ack (or decline) for the coordinator.
-/// `persist_ms` is the time since the task captured the state, as the caller measured it.
+/// `since_capture` is the time in microseconds since the task captured the state, as the caller
+/// measures it.
 pub(crate) fn write_snapshot(
     store: &dyn CheckpointStore,
     faults: &Faults,
@@ -90,10 +94,42 @@ pub(crate) fn write_snapshot(
             generation: job.generation,
             checkpoint: job.barrier.checkpoint,
             task: job.task,
-            report: AckReport { handle, timings: job.timings, persist_ms: since_capture(), encode_us, write_us },
+            report: {
+                let persist_us = since_capture();
+                AckReport {
+                    handle,
+                    timings: job.timings,
+                    persist_ms: persist_us / 1000,
+                    persist_us,
+                    encode_us,
+                    write_us,
+                    received_at_us: 0,
+                }
+            },
         },
         Err(reason) => {
             Event::Declined { generation: job.generation, checkpoint: job.barrier.checkpoint, task: job.task, reason }
+        }
+    }
+}
+
+/// Checkpoint records ([`CheckpointRecord`]) kept in the store, the newest; older ones are pruned.
+pub const CHECKPOINT_RECORDS_KEPT: usize = 1_000;
+/// Records written between two prunings (a pruning lists `stats/`).
+const RECORDS_PER_PRUNE: u64 = 100;
+
+/// Write a completed checkpoint's record to the store. Statistics decide nothing: a failure costs the
+/// record (with a warning), never the checkpoint.
+fn keep_record(store: &dyn CheckpointStore, r: &CheckpointRecord, written: &mut u64) {
+    let id = CheckpointId(r.checkpoint);
+    if let Err(e) = store.write_stats(id, &r.to_json()) {
+        tracing::warn!(event = "checkpoint_record_failed", chk = %id, "the statistics of {id} were not kept: {e}");
+        return;
+    }
+    *written += 1;
+    if *written % RECORDS_PER_PRUNE == 1 {
+        if let Err(e) = store.prune_stats(CHECKPOINT_RECORDS_KEPT) {
+            tracing::warn!(event = "checkpoint_record_prune_failed", "old checkpoint statistics were not removed: {e}");
         }
     }
 }
@@ -103,6 +139,10 @@ pub(crate) trait ControlPlane {
     /// Deliver `c` to every live task, or to every live source task.
     fn send_all(&mut self, c: Control, sources_only: bool);
     fn now(&self) -> TimeMs;
+    /// The same clock in microseconds.
+    fn now_us(&self) -> u64 {
+        self.now().0.saturating_mul(1000)
+    }
     /// The manifest of `checkpoint` is durable (the simulation reads it back and checks the cut).
     fn committed(&mut self, _checkpoint: CheckpointId) -> Result<(), RunError> {
         Ok(())
@@ -151,26 +191,8 @@ pub(crate) struct DriverCtx<'a> {
     pub savepoints: Vec<SavepointEvent>,
 }
 
-/// Statistics of the checkpoints of a run, assembled from acks and the coordinator's history.
-#[derive(Default)]
-pub(crate) struct CheckpointLog {
-    pending: HashMap<CheckpointId, CheckpointSummary>,
-    /// Completed checkpoints, oldest first, at most [`CHECKPOINTS_KEPT`].
-    pub done: Vec<CheckpointSummary>,
-    /// Checkpoints that failed (not those aborted by a failover or subsumed), oldest first, at most
-    /// [`FAILED_CHECKPOINTS_KEPT`].
-    pub failed: Vec<FailedCheckpoint>,
-    pub task_names: Vec<String>,
-}
-
-/// Failed checkpoints a run keeps the reasons of.
-pub const FAILED_CHECKPOINTS_KEPT: usize = 100;
-/// Completed checkpoints a run keeps the statistics of (the most recent; a run that checkpoints every
-/// 100 ms for a day would otherwise keep 864,000).
-pub const CHECKPOINTS_KEPT: usize = 1_000;
-
 /// Why a checkpoint failed, with the tasks that held it up named.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct FailedCheckpoint {
     /// The checkpoint.
     pub checkpoint: CheckpointId,
@@ -213,6 +235,7 @@ pub(crate) fn carry_out(
                     let stop = barrier.kind == SnapshotKind::StopSavepoint;
                     ctx.savepoints.push(SavepointEvent::Triggered { checkpoint: barrier.checkpoint, stop });
                 }
+                ctx.stats.on_triggered(barrier.checkpoint, barrier.triggered_at, unix_ms());
                 plane.send_all(Control::Trigger(barrier), true)
             }
             Decision::SavepointRejected { reason } => ctx.savepoints.push(SavepointEvent::Rejected { reason }),
@@ -221,6 +244,8 @@ pub(crate) fn carry_out(
                 let max = |f: &dyn Fn(&AckReport) -> u64| reports.iter().map(|(_, r)| f(r)).max().unwrap_or(0);
                 let summary = CheckpointSummary {
                     checkpoint,
+                    generation,
+                    triggered_at_unix_ms: ctx.stats.triggered.get(&checkpoint).map_or(0, |t| t.1),
                     is_final: kind == SnapshotKind::Final,
                     is_savepoint: kind.is_savepoint(),
                     alignment_ms: max(&|r| r.timings.alignment_ms),
@@ -236,6 +261,7 @@ pub(crate) fn carry_out(
                     kind: Some(kind),
                     ..Default::default()
                 };
+                ctx.stats.on_acked(checkpoint, generation, kind, &reports);
                 let mut tasks: Vec<TaskStateHandle> = reports.into_iter().map(|(_, r)| r.handle).collect();
                 tasks.sort_by(|a, b| (&a.operator, a.subtask).cmp(&(&b.operator, b.subtask)));
                 let manifest = Manifest::new(
@@ -271,6 +297,7 @@ pub(crate) fn carry_out(
                 match committed {
                     Ok(()) => {
                         ctx.stats.pending.insert(checkpoint, CheckpointSummary { bytes, ..summary });
+                        ctx.stats.on_manifest_durable(checkpoint, plane.now_us());
                         plane.committed(checkpoint)?;
                         if kind.is_savepoint() {
                             ctx.savepoints.push(SavepointEvent::Completed { checkpoint });
@@ -286,6 +313,7 @@ pub(crate) fn carry_out(
             }
             Decision::NotifyComplete { checkpoint } => {
                 let stats = &mut *ctx.stats;
+                let mut record = None;
                 if let Some(s) =
                     coord.history().filter(|s| s.checkpoint == checkpoint && s.outcome == Outcome::Completed).last()
                 {
@@ -308,12 +336,13 @@ pub(crate) fn carry_out(
                         if sum.is_savepoint { "savepoint" } else { "checkpoint" },
                         sum.checkpoint, sum.duration_ms, sum.bytes, sum.channel_state_bytes, sum.alignment_ms, sum.start_delay_ms, sum.persist_ms, sum.encode_us, sum.write_us, sum.unaligned_tasks, sum.switched_tasks, sum.slowest_task
                     );
-                    if stats.done.len() == CHECKPOINTS_KEPT {
-                        stats.done.remove(0);
-                    }
-                    stats.done.push(sum);
+                    let now_us = plane.now_us();
+                    record = stats.on_completed(sum, now_us);
                 }
                 plane.send_all(Control::Complete(checkpoint), false);
+                if let Some(r) = record {
+                    keep_record(ctx.store, &r, &mut ctx.stats.stats_written);
+                }
                 // Retention that fails (an object store that is down) costs disk space, not
                 // correctness: the next completion runs it again.
                 if let Err(e) = ctx.store.gc(ctx.retain, &coord.pending()) {
@@ -332,7 +361,7 @@ pub(crate) fn carry_out(
                     AbortReason::Declined { task, .. } => vec![name(task)],
                     _ => Vec::new(),
                 };
-                if reason.counts_as_failure() {
+                let failed = if reason.counts_as_failure() {
                     let readable = match &reason {
                         AbortReason::Timeout { .. } => format!("timed out waiting for {}", held_up_by.join(", ")),
                         AbortReason::Declined { reason, .. } => {
@@ -346,15 +375,13 @@ pub(crate) fn carry_out(
                         reason = %readable,
                         "checkpoint {checkpoint} failed: {readable}"
                     );
-                    if ctx.stats.failed.len() == FAILED_CHECKPOINTS_KEPT {
-                        ctx.stats.failed.remove(0);
-                    }
-                    ctx.stats.failed.push(FailedCheckpoint { checkpoint, reason: readable, held_up_by });
+                    Some(FailedCheckpoint { checkpoint, reason: readable, held_up_by })
                 } else {
                     tracing::info!(event = "checkpoint_aborted", chk = %checkpoint, "checkpoint {checkpoint} aborted: {reason}");
-                }
+                    None
+                };
                 ctx.savepoints.push(SavepointEvent::Aborted { checkpoint, reason: reason.to_string() });
-                ctx.stats.pending.remove(&checkpoint);
+                ctx.stats.on_aborted(checkpoint, failed);
                 plane.send_all(Control::Abort(checkpoint), false);
                 discard(ctx.store, checkpoint);
             }

@@ -9,7 +9,7 @@ use super::report::{TaskMetrics, TaskReport};
 use super::run::{Backend, DeployError, Deployed, RtEvent};
 use super::start::job_id;
 use super::task::{Control, SnapshotTimings, SourcePhase, Task, TaskEnv};
-use crate::channel::{ChannelProbe, Waker};
+use crate::channel::{ChannelProbe, ChannelStats, Waker};
 use crate::connectors::SourceStatus;
 use crate::dataflow::JobGraph;
 use crate::error::TaskError;
@@ -123,7 +123,7 @@ fn writer_loop(
         let (generation, checkpoint, task) = (job.generation, job.barrier.checkpoint, job.task);
         // A panic while encoding (a user type's Serialize) declines this checkpoint; the writer lives on.
         let ev = catch_unwind(AssertUnwindSafe(|| {
-            write_snapshot(&*store, &faults, job, || captured.elapsed().as_millis() as u64)
+            write_snapshot(&*store, &faults, job, || captured.elapsed().as_micros() as u64)
         }))
         .unwrap_or_else(|p| Event::Declined {
             generation,
@@ -203,11 +203,14 @@ pub(crate) fn spawn_tasks(
 
 /// The flow-control figures of one running task.
 pub(crate) fn task_report(name: &str, m: &TaskMetrics, inputs: &[ChannelProbe]) -> TaskReport {
+    let inputs: Vec<ChannelStats> = inputs.iter().map(|p| p.stats()).collect();
     TaskReport {
         name: name.to_string(),
         backpressured_ms: m.backpressured_us.load(Ordering::Relaxed) / 1000,
         idle_ms: m.idle_us.load(Ordering::Relaxed) / 1000,
-        inputs: inputs.iter().map(|p| p.stats()).collect(),
+        records_in: m.records_read.load(Ordering::Relaxed) + inputs.iter().map(|c| c.records).sum::<u64>(),
+        inputs,
+        ..Default::default()
     }
 }
 
@@ -343,7 +346,9 @@ fn drive(
         }
         if task.is_source() {
             if task.source_phase() == SourcePhase::Reading && credit {
-                match task.step_source(env)? {
+                let status = task.step_source(env)?;
+                metrics.records_read.store(task.records_read(), Ordering::Relaxed);
+                match status {
                     SourceStatus::More => progressed = true,
                     SourceStatus::Idle => wait_ms = SOURCE_IDLE_WAIT_MS,
                     SourceStatus::Finished => {}

@@ -19,18 +19,27 @@ pub(crate) mod report;
 pub(crate) mod run;
 mod savepoint;
 pub(crate) mod start;
+pub(crate) mod stats;
 pub(crate) mod task;
+pub(crate) mod trace;
 
 pub use config::{
     RunConfig, DEFAULT_CHANNEL_CAPACITY, DEFAULT_MAX_CHANNEL_STATE_BYTES, DEFAULT_RETAINED_CHECKPOINTS,
     DEFAULT_TICK_MS, SNAPSHOT_QUEUE_CAPACITY,
 };
 pub use control::{run, spawn, JobControl, JobHandle, CONTROL_ANSWER_TIMEOUT};
-pub use driver::{FailedCheckpoint, FAILED_CHECKPOINTS_KEPT};
+pub use driver::{FailedCheckpoint, CHECKPOINT_RECORDS_KEPT};
 pub use error::RunError;
-pub use report::{AckReport, CheckpointSummary, JobMetrics, JobReport, TaskReport, METRICS_CHECKPOINTS};
+pub use report::{
+    AckReport, CheckpointSummary, EdgeShape, JobMetrics, JobReport, StageShape, TaskReport, METRICS_CHECKPOINTS,
+};
 pub use savepoint::SavepointInfo;
+pub use stats::{
+    CheckpointHistograms, Histogram, RunCounters, TaskCheckpoint, CHECKPOINTS_KEPT, FAILED_CHECKPOINTS_KEPT,
+    HISTORY_LOADED,
+};
 pub use task::SnapshotTimings;
+pub use trace::{CheckpointRecord, InputTrace, Step, StepKind, TaskTrace, CHECKPOINT_RECORD_VERSION};
 
 pub(crate) use control::Command;
 pub(crate) use savepoint::open as open_savepoint;

@@ -4,7 +4,7 @@
 
 use super::driver::FailedCheckpoint;
 use super::savepoint::SavepointInfo;
-use super::task::SnapshotTimings;
+use super::stats::{CheckpointHistograms, RunCounters, TaskCheckpoint};
 use crate::channel::ChannelStats;
 use cutline_core::coordinator::CheckpointConfig;
 use cutline_core::{CheckpointId, Generation};
@@ -48,10 +48,14 @@ pub struct JobReport {
 }
 
 /// Statistics of one completed checkpoint. Per-task figures are the maximum over the job's tasks.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct CheckpointSummary {
     /// The checkpoint.
     pub checkpoint: CheckpointId,
+    /// The generation that took it.
+    pub generation: Generation,
+    /// Wall-clock time of its trigger, milliseconds since the Unix epoch.
+    pub triggered_at_unix_ms: u64,
     /// What it was for; always set for a completed checkpoint (`None` only in `Default`).
     pub kind: Option<cutline_core::barrier::SnapshotKind>,
     /// It was the final checkpoint, taken at the end of the input.
@@ -102,6 +106,12 @@ pub struct AckReport {
     pub encode_us: u64,
     /// Microseconds writing it durably.
     pub write_us: u64,
+    /// `persist_ms` in microseconds.
+    pub persist_us: u64,
+    /// When the coordinator received the ack (its clock, microseconds since the run started); set on
+    /// receipt, never sent.
+    #[serde(skip)]
+    pub received_at_us: u64,
 }
 /// Where a task's time goes (since the job started), for metrics.
 #[derive(Debug, Default)]
@@ -110,14 +120,19 @@ pub(crate) struct TaskMetrics {
     pub backpressured_us: AtomicU64,
     /// Sleeping with nothing to read.
     pub idle_us: AtomicU64,
+    /// Sources: records read from the source.
+    pub records_read: AtomicU64,
 }
 
 /// What a running job reports about itself (see [`JobControl::metrics`](super::JobControl::metrics)).
-/// While the job waits to restart, only `config` is filled in (the rest is the default).
-#[derive(Clone, Debug, Default)]
+/// While the job waits to restart, `tasks` is empty and `generation` is 0; the history, the
+/// counters and the settings are there.
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct JobMetrics {
     /// The generation running now.
     pub generation: Generation,
+    /// The job's stages and the edges between them (the same for every generation).
+    pub stages: Vec<StageShape>,
     /// The checkpoint settings in force.
     pub config: CheckpointConfig,
     /// Every task of the generation, in task id order.
@@ -133,10 +148,64 @@ pub struct JobMetrics {
     pub failed: Vec<FailedCheckpoint>,
     /// Checkpoints in flight now.
     pub pending: Vec<CheckpointId>,
+    /// The run's counters (aborts, restarts, restores, fallbacks), from its start.
+    pub counters: RunCounters,
+    /// The run's distributions of checkpoint and per-task snapshot figures, from its start.
+    pub histograms: CheckpointHistograms,
+    /// Milliseconds since the run started.
+    pub uptime_ms: u64,
 }
 
-/// Completed (and failed) checkpoints a [`JobMetrics`] lists, at most.
+/// Completed (and failed) checkpoints a [`JobMetrics`] lists, at most, unless more are asked for
+/// ([`JobControl::metrics_with_history`](super::JobControl::metrics_with_history)).
 pub const METRICS_CHECKPOINTS: usize = 20;
+
+/// One stage of a job, for pictures of its graph.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StageShape {
+    /// The stage's id (its tasks are `<uid>#<subtask>`).
+    pub uid: String,
+    /// Its number of tasks.
+    pub parallelism: u32,
+    /// The edges into it.
+    pub inputs: Vec<EdgeShape>,
+}
+
+/// An edge into a stage.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EdgeShape {
+    /// The upstream stage's id.
+    pub from: String,
+    /// `forward`, `hash`, `rebalance` or `broadcast`.
+    pub kind: String,
+}
+
+/// The stages of `graph`.
+pub(crate) fn graph_shape(graph: &crate::dataflow::JobGraph) -> Vec<StageShape> {
+    use crate::dataflow::EdgeKind;
+    graph
+        .stages
+        .iter()
+        .map(|st| StageShape {
+            uid: st.uid.clone(),
+            parallelism: st.parallelism,
+            inputs: st
+                .inputs
+                .iter()
+                .map(|&e| {
+                    let edge = &graph.edges[e];
+                    let kind = match edge.kind {
+                        EdgeKind::Forward => "forward",
+                        EdgeKind::Hash => "hash",
+                        EdgeKind::Rebalance => "rebalance",
+                        EdgeKind::Broadcast => "broadcast",
+                    };
+                    EdgeShape { from: graph.stages[edge.from].uid.clone(), kind: kind.into() }
+                })
+                .collect(),
+        })
+        .collect()
+}
 
 /// One task's flow-control figures since the current generation started.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -149,4 +218,64 @@ pub struct TaskReport {
     pub idle_ms: u64,
     /// Occupancy of the channels the task reads.
     pub inputs: Vec<ChannelStats>,
+    /// Records the task took from its inputs, or (a source) read from its source.
+    #[serde(default)]
+    pub records_in: u64,
+    /// Records the downstream tasks took from this task's output channels (0 for a sink).
+    #[serde(default)]
+    pub records_out: u64,
+    /// The task's part in the latest committed checkpoint of this generation (filled in by the
+    /// coordinator).
+    #[serde(skip)]
+    pub last_checkpoint: Option<TaskCheckpoint>,
+}
+
+/// Fill in every task's `records_out` from the input channels of the others (a channel is named
+/// `upstream#i->downstream#j`).
+pub(crate) fn fill_records_out(tasks: &mut [TaskReport]) {
+    let mut out: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for c in tasks.iter().flat_map(|t| &t.inputs) {
+        if let Some((from, _)) = c.name.split_once("->") {
+            *out.entry(from).or_default() += c.records;
+        }
+    }
+    let out: Vec<u64> = tasks.iter().map(|t| out.get(t.name.as_str()).copied().unwrap_or(0)).collect();
+    for (t, n) in tasks.iter_mut().zip(out) {
+        t.records_out = n;
+    }
+}
+
+/// Timings and shape of one snapshot at one task.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct SnapshotTimings {
+    /// Milliseconds from the first barrier of the checkpoint at this task to its snapshot (0 at a
+    /// source).
+    pub alignment_ms: u64,
+    /// Milliseconds from the trigger at the coordinator to the first barrier at this task.
+    pub start_delay_ms: u64,
+    /// The snapshot was unaligned here (from the start, or switched).
+    pub unaligned: bool,
+    /// The checkpoint started aligned and this task switched it to unaligned (alignment timeout or
+    /// byte limit, here or upstream).
+    pub switched: bool,
+    /// Bytes of in-flight records persisted as channel state.
+    pub channel_state_bytes: u64,
+    /// Microseconds the task spent on the barrier's synchronous part: sharing its state with the
+    /// snapshot and forwarding the barrier.
+    pub sync_us: u64,
+    /// State pages the task copied since its previous snapshot because it wrote to them while
+    /// a snapshot still read them (memory that a snapshot cost beyond the state itself).
+    pub page_copies: u64,
+    /// Microseconds from the trigger (coordinator clock, whole milliseconds) to the snapshot here:
+    /// the last barrier of an aligned checkpoint, the first of an unaligned one.
+    pub snapshot_at_us: u64,
+    /// Per input, microseconds from the trigger to the checkpoint's barrier arriving on it (`None`:
+    /// the input had ended).
+    pub input_barriers_us: Vec<Option<u64>>,
+    /// Records queued on the task's other inputs when an aligned snapshot was taken: the data that
+    /// piled up behind barriers during the alignment (0 for unaligned snapshots and sources).
+    pub blocked_records: u64,
+    /// Microseconds from the trigger to the snapshot being handed to the writers (an unaligned one
+    /// once the barrier arrived on every input).
+    pub handoff_at_us: u64,
 }

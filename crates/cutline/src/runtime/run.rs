@@ -7,11 +7,11 @@
 //! decide; this module moves messages, bytes and threads.
 
 use super::config::RunConfig;
-use super::control::Command;
+use super::control::{wait_answering, Command};
 use super::driver::{carry_out, coordinator_for, Carried, CheckpointLog, ControlPlane, DriverCtx, SavepointEvent};
 use super::error::RunError;
 use super::life::{drive, DeployFailure, Ended, LifeHost};
-use super::report::{AckReport, JobMetrics, JobReport, TaskReport, METRICS_CHECKPOINTS};
+use super::report::{fill_records_out, AckReport, JobReport, TaskReport};
 use super::savepoint::SavepointInfo;
 use super::start::unix_ms;
 use super::task::Control;
@@ -20,7 +20,7 @@ use crate::error::TaskError;
 use crate::state::RestoreIndex;
 use crossbeam_channel::{Receiver, Sender};
 use cutline_core::barrier::CheckpointMode;
-use cutline_core::coordinator::{CheckpointConfig, Coordinator, Event, Violation};
+use cutline_core::coordinator::{Coordinator, Event, Violation};
 use cutline_core::lifecycle::{Cause, GenerationEnd};
 use cutline_core::{CheckpointId, Generation, TaskId, TimeMs};
 use cutline_storage::CheckpointStore;
@@ -32,6 +32,10 @@ use std::time::{Duration, Instant};
 /// backpressured to its source and never grows memory beyond this.
 pub(crate) const EVENT_QUEUE_MESSAGES: usize = 4096;
 
+// An ack (with its trace timings) is the large variant: at most EVENT_QUEUE_MESSAGES of them are
+// queued (about 1 MiB), and each moves once per task and checkpoint; a box would cost an allocation
+// per ack for nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum RtEvent {
     Coord(Event<AckReport>),
     /// Several events in order from one worker (one message): one wake-up of the coordinator loop
@@ -69,7 +73,11 @@ pub(crate) fn run_on(
         commands,
         started,
         coordinator: None,
-        stats: CheckpointLog::default(),
+        stats: {
+            let mut log = CheckpointLog::for_graph(graph);
+            log.load_history(&*cfg.store);
+            log
+        },
         report: JobReport::default(),
         savepoint: None,
         deployed: None,
@@ -152,6 +160,12 @@ impl LifeHost for RunHost<'_> {
                     });
                 }
             };
+        if restored.is_some() {
+            self.stats.counters.restores += 1;
+        }
+        if !index.skipped.is_empty() {
+            self.stats.counters.fallbacks += 1;
+        }
         drop(index);
         let now = self.now();
         coordinator_for(
@@ -175,6 +189,7 @@ impl LifeHost for RunHost<'_> {
     ) -> (GenerationEnd<RunError>, CheckpointId) {
         if let Some(ms) = recovered_after_ms {
             self.report.recovery_ms.push(ms);
+            self.stats.counters.restarts += 1;
         }
         let (deployed, ev_rx) = self.deployed.take().expect("a deployment precedes every run");
         let coord = self.coordinator.as_mut().expect("created at the deployment");
@@ -209,44 +224,18 @@ impl LifeHost for RunHost<'_> {
 
     fn wait(&mut self, delay_ms: u64, _cause: Cause) -> bool {
         let current = self.coordinator.as_ref().map(|c| c.config().clone()).unwrap_or(self.cfg.checkpoint.clone());
-        wait_answering(self.commands, Duration::from_millis(delay_ms), &current)
+        // Between generations: no tasks, but the run's history and counters.
+        let mut idle = self.stats.metrics(usize::MAX, Vec::new(), self.started.elapsed().as_millis() as u64);
+        idle.config = current;
+        idle.checkpoints_completed = self.coordinator.as_ref().map_or(0, |c| c.completed_count());
+        idle.checkpoints_failed = self.coordinator.as_ref().map_or(0, |c| c.failed_count());
+        wait_answering(self.commands, Duration::from_millis(delay_ms), &idle)
     }
 }
 
 /// The durable epoch lease the coordinator works under.
 fn coord_lease(coord: &Coordinator<AckReport>) -> CheckpointId {
     coord.lease_end()
-}
-
-/// Wait `delay` before a restart, answering commands meanwhile (settings and savepoints are refused
-/// while the job restarts). `true` if a stop was requested.
-fn wait_answering(commands: &Receiver<Command>, delay: Duration, current: &CheckpointConfig) -> bool {
-    let until = Instant::now() + delay;
-    loop {
-        match commands.recv_deadline(until) {
-            Ok(Command::Stop) => return true,
-            Ok(Command::SetCheckpointConfig(_, reply)) => {
-                let _ = reply.send(Err("the job is restarting; try again".into()));
-            }
-            Ok(Command::UpdateCheckpointConfig(_, reply)) => {
-                let _ = reply.send(Err("the job is restarting; try again".into()));
-            }
-            Ok(Command::CheckpointConfig(reply)) => {
-                let _ = reply.send(current.clone());
-            }
-            Ok(Command::Savepoint { reply, .. }) => {
-                let _ = reply.send(Err("the job is restarting; try again".into()));
-            }
-            Ok(Command::Metrics(reply)) => {
-                let _ = reply.send(JobMetrics { config: current.clone(), ..Default::default() });
-            }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                std::thread::sleep(until.saturating_duration_since(Instant::now()));
-                return false;
-            }
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => return false,
-        }
-    }
 }
 
 enum GenerationOutcome {
@@ -284,7 +273,7 @@ fn run_generation(
 ) -> Result<GenerationOutcome, RunError> {
     let _gen = tracing::info_span!("generation", gen = %generation).entered();
     let store = cfg.store.clone();
-    stats.task_names = deployed.names.clone();
+    stats.on_deployed(&deployed.names);
     let mut plane = BackendPlane { backend, started };
     let mut ctx = DriverCtx {
         store: &*store,
@@ -307,11 +296,12 @@ fn run_generation(
         crossbeam_channel::select! {
             recv(ev_rx) -> ev => {
                 let now = plane.now();
+                let now_us = plane.now_us();
                 // An event the protocol does not allow is its sender's fault: the backend holds the
                 // sender responsible (a worker is dropped) and the generation fails over.
                 let refused = match ev {
-                    Ok(RtEvent::Coord(e)) => coord.handle(now, e, &mut out).err().map(|v| plane.backend.refuse(None, v)),
-                    Ok(RtEvent::Batch { worker, events }) => events.into_iter().find_map(|e| {
+                    Ok(RtEvent::Coord(e)) => coord.handle(now, stamped(e, now_us), &mut out).err().map(|v| plane.backend.refuse(None, v)),
+                    Ok(RtEvent::Batch { worker, events }) => events.into_iter().map(|e| stamped(e, now_us)).find_map(|e| {
                         let checked = plane.backend.check_origin(worker, &e);
                         if let (Ok(()), Event::TaskFailed { generation: g, task, reason, permanent: true }) = (&checked, &e) {
                             if *g == generation && permanent.is_none() {
@@ -362,19 +352,15 @@ fn run_generation(
                         own(coord.handle(plane.now(), Event::SavepointRequested { stop }, &mut out));
                     }
                 }
-                Ok(Command::Metrics(reply)) => {
-                    let done = &ctx.stats.done;
-                    let tasks = plane.backend.task_reports(&ctx.stats.task_names);
-                    let _ = reply.send(JobMetrics {
-                        generation,
-                        config: coord.config().clone(),
-                        tasks,
-                        checkpoints: done[done.len().saturating_sub(METRICS_CHECKPOINTS)..].to_vec(),
-                        checkpoints_completed: coord.completed_count(),
-                        checkpoints_failed: coord.failed_count(),
-                        failed: ctx.stats.failed[ctx.stats.failed.len().saturating_sub(METRICS_CHECKPOINTS)..].to_vec(),
-                        pending: coord.pending(),
-                    });
+                Ok(Command::Metrics { checkpoints, reply }) => {
+                    let mut tasks = plane.backend.task_reports(&ctx.stats.task_names);
+                    fill_records_out(&mut tasks);
+                    let mut m = ctx.stats.metrics(checkpoints, tasks, started.elapsed().as_millis() as u64);
+                    m.generation = generation;
+                    m.config = coord.config().clone();
+                    (m.checkpoints_completed, m.checkpoints_failed) = (coord.completed_count(), coord.failed_count());
+                    m.pending = coord.pending();
+                    let _ = reply.send(m);
                 }
                 // The handle is gone: the job runs on, and nobody can send commands any more.
                 Err(_) => cmd_rx = crossbeam_channel::never(),
@@ -571,6 +557,9 @@ impl ControlPlane for BackendPlane<'_> {
     fn now(&self) -> TimeMs {
         TimeMs(self.started.elapsed().as_millis() as u64)
     }
+    fn now_us(&self) -> u64 {
+        self.started.elapsed().as_micros() as u64
+    }
 }
 
 /// An event the runtime itself produced: the protocol always allows it (a refusal is a bug here).
@@ -578,4 +567,12 @@ pub(crate) fn own(r: Result<(), Violation>) {
     if let Err(v) = r {
         panic!("the runtime's own event was refused: {v}");
     }
+}
+
+/// `e` with the time it reached the coordinator written into an ack (for its latency).
+fn stamped(mut e: Event<AckReport>, now_us: u64) -> Event<AckReport> {
+    if let Event::Acked { report, .. } = &mut e {
+        report.received_at_us = now_us;
+    }
+    e
 }

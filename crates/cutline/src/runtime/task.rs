@@ -32,28 +32,11 @@ pub(crate) enum Control {
     Cancel,
 }
 
-/// Timings and shape of one snapshot at one task.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct SnapshotTimings {
-    /// Milliseconds from the first barrier of the checkpoint at this task to its snapshot (0 at a
-    /// source).
-    pub alignment_ms: u64,
-    /// Milliseconds from the trigger at the coordinator to the first barrier at this task.
-    pub start_delay_ms: u64,
-    /// The snapshot was unaligned here (from the start, or switched).
-    pub unaligned: bool,
-    /// The checkpoint started aligned and this task switched it to unaligned (alignment timeout or
-    /// byte limit, here or upstream).
-    pub switched: bool,
-    /// Bytes of in-flight records persisted as channel state.
-    pub channel_state_bytes: u64,
-    /// Microseconds the task spent on the barrier's synchronous part: sharing its state with the
-    /// snapshot and forwarding the barrier.
-    pub sync_us: u64,
-    /// State pages the task copied since its previous snapshot because it wrote to them while
-    /// a snapshot still read them (memory that a snapshot cost beyond the state itself).
-    pub page_copies: u64,
-}
+pub use super::report::SnapshotTimings;
+
+/// Checkpoints whose barrier arrivals a task keeps at most (those in flight; older ones are
+/// dropped first).
+const ARRIVALS_KEPT: usize = 64;
 
 /// What a task needs from whoever drives it.
 pub(crate) trait TaskEnv {
@@ -115,6 +98,8 @@ pub(crate) struct Task {
     max_channel_state_bytes: u64,
     scratch_ids: Vec<CheckpointId>,
     scratch_actions: Vec<AlignAction>,
+    /// Per checkpoint in flight, when its barrier arrived on each input (µs since its trigger).
+    arrivals: BTreeMap<CheckpointId, Vec<Option<u64>>>,
     /// Sources: since when the source has reported nothing to read.
     idle_since: Option<TimeMs>,
 }
@@ -145,10 +130,15 @@ impl Task {
             max_channel_state_bytes,
             scratch_ids: Vec::new(),
             scratch_actions: Vec::new(),
+            arrivals: BTreeMap::new(),
             idle_since: None,
         }
     }
 
+    /// Sources: records read from the source since the task started.
+    pub fn records_read(&self) -> u64 {
+        self.body.records_read()
+    }
     pub fn is_source(&self) -> bool {
         self.aligner.is_none()
     }
@@ -227,6 +217,7 @@ impl Task {
                     cap.dropped = true;
                     cap.inputs = Vec::new();
                 }
+                self.arrivals.remove(&c);
                 Ok(())
             }
             Control::Cancel => {
@@ -334,6 +325,7 @@ impl Task {
         env: &mut dyn TaskEnv,
     ) -> Result<(), TaskError> {
         let id = barrier.checkpoint;
+        self.note_arrival(i, &barrier, env);
         let mut overtaken = (!overtaken.is_empty()).then_some(overtaken);
         if self.captures.contains_key(&id) {
             // Snapshotted earlier (at another input's barrier, or switched): still recording.
@@ -457,11 +449,20 @@ impl Task {
     fn act(&mut self, action: AlignAction, env: &mut dyn TaskEnv) -> Result<(), TaskError> {
         match action {
             AlignAction::Snapshot { barrier, channel_state, switched, alignment_ms, start_delay_ms } => {
+                // What piled up during an aligned checkpoint's alignment: the records queued on the
+                // inputs whose barrier came before this last one (one pass per input, per checkpoint).
+                let blocked_records = if barrier.is_unaligned() {
+                    0
+                } else {
+                    let last = self.arrivals.get(&barrier.checkpoint).and_then(|a| last_arrival(a));
+                    (0..self.inputs()).filter(|i| Some(*i) != last).map(|i| self.body.queued_records(i)).sum()
+                };
                 let timings = SnapshotTimings {
                     alignment_ms,
                     start_delay_ms,
                     unaligned: barrier.is_unaligned(),
                     switched,
+                    blocked_records,
                     ..Default::default()
                 };
                 self.snapshot(barrier, timings, channel_state, env)
@@ -475,7 +476,7 @@ impl Task {
                 if inputs.iter().any(|v| !v.is_empty()) {
                     snap.add(&channel_state_uid(self.stage_uid()), Box::new(ChannelState { inputs }));
                 }
-                env.persist(self.id, barrier, snap, timings);
+                self.persist(barrier, snap, timings, env);
                 Ok(())
             }
         }
@@ -503,10 +504,11 @@ impl Task {
         }
         let mut snap = SnapshotBuilder::default();
         let started_us = env.now_us();
+        let mut timings = timings;
+        timings.snapshot_at_us = started_us.saturating_sub(b.triggered_at.0.saturating_mul(1000));
         // Shares state with the snapshot and forwards the barrier on every output before any later
         // record.
         self.body.on_barrier(&b, &mut snap)?;
-        let mut timings = timings;
         timings.sync_us = env.now_us().saturating_sub(started_us);
         timings.page_copies = snap.page_copies;
         if b.kind.ends_input() {
@@ -518,9 +520,31 @@ impl Task {
                 self.captures.insert(b.checkpoint, Capture { barrier: b, snap, timings, inputs, dropped: false });
             assert!(prev.is_none(), "{}: captured {} twice", self.name, b.checkpoint);
         } else {
-            env.persist(self.id, b, snap, timings);
+            self.persist(b, snap, timings, env);
         }
         Ok(())
+    }
+
+    /// Hand a snapshot to the writers, with its barrier's arrival on every input.
+    fn persist(&mut self, b: Barrier, snap: SnapshotBuilder, mut timings: SnapshotTimings, env: &mut dyn TaskEnv) {
+        if let Some(arrivals) = self.arrivals.remove(&b.checkpoint) {
+            timings.input_barriers_us = arrivals;
+        }
+        timings.handoff_at_us = env.now_us().saturating_sub(b.triggered_at.0.saturating_mul(1000));
+        env.persist(self.id, b, snap, timings);
+    }
+
+    /// A barrier arrived on input `i`: when, for the checkpoint's trace.
+    fn note_arrival(&mut self, i: usize, b: &Barrier, env: &mut dyn TaskEnv) {
+        let at = env.now_us().saturating_sub(b.triggered_at.0.saturating_mul(1000));
+        let inputs = self.inputs();
+        if !self.arrivals.contains_key(&b.checkpoint) && self.arrivals.len() >= ARRIVALS_KEPT {
+            self.arrivals.pop_first();
+        }
+        let slots = self.arrivals.entry(b.checkpoint).or_insert_with(|| vec![None; inputs]);
+        if let Some(slot) = slots.get_mut(i) {
+            *slot = Some(at);
+        }
     }
 
     fn maybe_finish(&mut self, env: &mut dyn TaskEnv) -> Result<(), TaskError> {
@@ -536,4 +560,9 @@ impl Task {
         }
         Ok(())
     }
+}
+
+/// The input whose barrier arrived last (ties: the highest input).
+fn last_arrival(arrivals: &[Option<u64>]) -> Option<usize> {
+    arrivals.iter().enumerate().filter_map(|(i, t)| t.map(|t| (t, i))).max().map(|(_, i)| i)
 }

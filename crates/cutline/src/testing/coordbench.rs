@@ -331,10 +331,16 @@ fn worker_messages(
                 channel_state_bytes: 0,
                 sync_us: 5 + n % 20,
                 page_copies: 0,
+                snapshot_at_us: 1000 * (n % 5),
+                input_barriers_us: vec![Some(1000 * (n % 3)), Some(1000 * (n % 5))],
+                blocked_records: n % 100,
+                handoff_at_us: 1000 * (n % 5) + 10,
             },
             persist_ms: 2 + n % 7,
+            persist_us: 1000 * (2 + n % 7),
             encode_us: 30 + n % 50,
             write_us: 150 + n % 400,
+            received_at_us: 0,
         };
         acks.push(Event::Acked { generation, checkpoint: id, task: t.id, report });
     }
