@@ -126,6 +126,10 @@ pub(crate) struct ObserveArgs {
     /// (when it is a terminal), `on` or `off`.
     #[arg(long, default_value = "auto", value_name = "auto|on|off")]
     pub(crate) status_line: String,
+    /// Export every completed checkpoint's trace to this OpenTelemetry collector (OTLP over HTTP
+    /// with JSON: `http://HOST:4318`; traces go to `/v1/traces` under it).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub(crate) otlp_endpoint: Option<String>,
 }
 
 /// Run the job as the coordinator of worker processes (see `cutline worker`).

@@ -36,6 +36,7 @@ pub(crate) struct BenchArgs {
     pub(crate) kill_worker_after: Option<String>,
     pub(crate) channel_capacity: usize,
     pub(crate) frame_protection: cutline::cluster::FrameProtection,
+    pub(crate) scrape_every: Option<String>,
 }
 
 pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
@@ -65,7 +66,8 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
         .chain(["--tally-dir".to_string(), tally_dir.display().to_string()])
         .collect();
     let (graph, fingerprint) = build_job(&job_args).map_err(anyhow::Error::msg)?;
-    let mut cfg = RunConfig::new(store, fingerprint);
+    let scrape_every = a.scrape_every.as_deref().map(|d| ms_flag("scrape-every", d)).transpose()?;
+    let mut cfg = RunConfig::new(store.clone(), fingerprint);
     cfg.checkpoint.interval_ms = interval_ms;
     cfg.checkpoint.max_concurrent = max_concurrent;
     cfg.checkpoint.validate().map_err(anyhow::Error::msg)?;
@@ -76,12 +78,29 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
     cfg.channel_capacity = a.channel_capacity;
     let start = Instant::now();
     let mut recovery = String::new();
+    let mut scraped = String::new();
     let report = if a.workers == 0 {
         if a.kill_worker_after.is_some() {
             bail!("--kill-worker-after needs --workers");
         }
-        cutline::run(&graph, cfg)
+        match scrape_every {
+            None => cutline::run(&graph, cfg),
+            Some(ms) => {
+                let handle = cutline::spawn(graph, cfg);
+                let scraper = crate::bench_metrics::Scraper::start(
+                    handle.control(),
+                    store,
+                    std::time::Duration::from_millis(ms),
+                )?;
+                let r = handle.join();
+                scraped = scraper.finish()?;
+                r
+            }
+        }
     } else {
+        if scrape_every.is_some() {
+            bail!("--scrape-every measures a job in one process: leave out --workers");
+        }
         use std::process::Command;
         cfg.restart = cutline::RestartStrategy::default();
         std::fs::create_dir_all(&dir)?;
@@ -146,7 +165,7 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
     let col = |f: &dyn Fn(&cutline::CheckpointSummary) -> u64| periodic.iter().map(|c| f(c)).collect::<Vec<u64>>();
     let (d, al, sd) = (col(&|c| c.duration_ms), col(&|c| c.alignment_ms), col(&|c| c.start_delay_ms));
     println!(
-        "events={events} keys={keys} parallelism={parallelism} workers={} interval={interval} max_concurrent={max_concurrent} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_max_ms={} alignment_p50_ms={} alignment_max_ms={} start_delay_p50_ms={} start_delay_max_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} sync_p50_us={} sync_max_us={} page_copies_p50={} peak_rss_mb={} state_bytes={} restarts={} sink_records={} state_count={} verified={}{recovery}",
+        "events={events} keys={keys} parallelism={parallelism} workers={} interval={interval} max_concurrent={max_concurrent} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_max_ms={} alignment_p50_ms={} alignment_max_ms={} start_delay_p50_ms={} start_delay_max_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} sync_p50_us={} sync_max_us={} page_copies_p50={} peak_rss_mb={} state_bytes={} restarts={} sink_records={} state_count={} verified={}{recovery}{scraped}",
         a.workers,
         events as f64 / secs,
         d.len(),

@@ -5,6 +5,7 @@
 mod admin_cmd;
 mod args;
 mod bench;
+mod bench_metrics;
 mod bench_nexmark;
 mod bench_timers;
 mod cluster_cmd;
@@ -75,6 +76,14 @@ enum BenchOther {
         /// Pairs of runs (the medians are printed).
         #[arg(long, default_value_t = 1)]
         reps: u32,
+    },
+    /// How fast the HTTP endpoint answers `/metrics` and `/api/status` for a job of `--tasks` tasks
+    /// (every answer checked to hold every task).
+    Metrics {
+        #[arg(long, default_value_t = 1_000)]
+        tasks: u32,
+        #[arg(long, default_value_t = 100)]
+        requests: u32,
     },
     /// Checkpoints of a keyed operator with `--timers` pending event-time timers, and while one
     /// watermark makes them all due (figures only when every timer fired).
@@ -241,6 +250,10 @@ enum Cmd {
         /// With --workers: seal the cluster's frames (auto: not on loopback, so `on` measures it).
         #[arg(long, default_value = "auto", value_name = "auto|on|off")]
         frame_protection: cutline::cluster::FrameProtection,
+        /// Serve the job's HTTP endpoint and scrape /metrics this often while it runs (in one
+        /// process only), as a Prometheus server would: what watching the job costs it.
+        #[arg(long)]
+        scrape_every: Option<String>,
     },
     /// How long the coordinator takes per checkpoint for many simulated tasks, with acknowledgements
     /// aggregated per worker (one message per worker) or not (one per task).
@@ -371,6 +384,9 @@ fn main() {
         Cmd::Bench { other: Some(BenchOther::Timers { timers, checkpoint_interval }), .. } => {
             bench_timers::bench_timers(timers, &checkpoint_interval)
         }
+        Cmd::Bench { other: Some(BenchOther::Metrics { tasks, requests }), .. } => {
+            bench_metrics::bench_metrics(tasks, requests)
+        }
         Cmd::Bench {
             other: None,
             events,
@@ -383,9 +399,11 @@ fn main() {
             kill_worker_after,
             channel_capacity,
             frame_protection,
+            scrape_every,
         } => bench(&BenchArgs {
             channel_capacity,
             frame_protection,
+            scrape_every,
             events,
             keys,
             parallelism,

@@ -50,6 +50,20 @@ pub(crate) fn serve_http(
     Ok(Some(server))
 }
 
+/// Export checkpoint traces to `--otlp-endpoint`, if given: the exporter (keep it until the job
+/// ended; dropping it sends what is queued) after installing its listener in `cfg`.
+pub(crate) fn otlp(
+    a: &ObserveArgs,
+    cfg: &mut cutline::RunConfig,
+    service: &str,
+) -> Result<Option<cutline::admin::otlp::OtlpExporter>> {
+    let Some(endpoint) = a.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) else { return Ok(None) };
+    let (exporter, listener) = cutline::admin::otlp::otlp_exporter(endpoint, service).context("--otlp-endpoint")?;
+    cfg.on_checkpoint = Some(listener);
+    tracing::info!(event = "otlp_export", endpoint = %endpoint, "checkpoint traces go to {endpoint} (OTLP/HTTP)");
+    Ok(Some(exporter))
+}
+
 /// Whether to draw the status line: `auto` when standard output is a terminal.
 pub(crate) fn wants_status_line(a: &ObserveArgs) -> Result<bool> {
     match a.status_line.as_str() {

@@ -220,6 +220,7 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
         );
     }
     let store = cfg.store.clone();
+    let _otlp = crate::observe::otlp(&a.observe, &mut cfg, "cutline wordcount")?;
     let handle = match &a.cluster.coordinator {
         None => cutline::spawn(graph, cfg),
         Some(listen) => {
@@ -291,6 +292,7 @@ pub(crate) fn run_nexmark(a: &NexmarkArgs) -> Result<()> {
         cfg.faults = kill_self_at(spec)?;
     }
     cfg.savepoint_dir = Some(std::path::absolute(a.state.join("savepoints"))?);
+    let _otlp = crate::observe::otlp(&a.observe, &mut cfg, &format!("cutline nexmark {}", a.query))?;
     supervise(cutline::spawn(graph, cfg), &a.state, store, &a.observe)
 }
 

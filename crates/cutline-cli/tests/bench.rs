@@ -182,3 +182,20 @@ fn bench_timers_reports_checkpoints_that_held_every_timer_and_the_firing() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("at least 1"), "{stderr}");
 }
+
+#[test]
+fn a_scraped_benchmark_counts_its_scrapes_and_the_metrics_benchmark_checks_every_task_is_shown() {
+    let r =
+        bench(&["--events", "20000000", "--keys", "1000", "--checkpoint-interval", "100ms", "--scrape-every", "50ms"])
+            .unwrap();
+    assert_checked(&r, 20_000_000, "sink+state");
+    assert!(num(&r, "scrapes") >= 1, "{r:?}");
+    let refused = bench(&["--events", "1000", "--workers", "2", "--scrape-every", "1s"]).unwrap_err();
+    assert!(refused.contains("leave out --workers"), "{refused}");
+    let out = common::cutline().args(["bench", "metrics", "--tasks", "40", "--requests", "5"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("tasks=40 path=")).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].contains("path=/metrics") && lines[0].contains("p50_ms="), "{text}");
+}

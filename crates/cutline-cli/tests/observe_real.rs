@@ -178,3 +178,85 @@ fn a_terminal_gets_a_live_status_line_and_a_pipe_does_not() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && !text.contains('\r') && text.starts_with("finished:"), "{text:?}");
 }
+
+/// An OTLP/HTTP receiver that checks every request against the official protobuf schema
+/// (`scripts/otlp-test-receiver`); what it accepted, one request per line.
+struct Receiver {
+    endpoint: String,
+    pid: String,
+    file: PathBuf,
+}
+
+impl Receiver {
+    fn start(s: &Scratch) -> Receiver {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/otlp-test-receiver");
+        let file = s.path("otlp.jsonl");
+        let out = Command::new(script).arg(&file).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        let var = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("export {name}=")))
+                .unwrap_or_else(|| panic!("{text}"))
+                .to_string()
+        };
+        Receiver { endpoint: var("CUTLINE_OTLP_ENDPOINT"), pid: var("CUTLINE_OTLP_RECEIVER_PID"), file }
+    }
+    fn requests(&self) -> Vec<serde_json::Value> {
+        common::read_lossy(&self.file).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg(&self.pid).status();
+    }
+}
+
+#[test]
+fn checkpoint_traces_reach_an_opentelemetry_receiver_and_an_unreachable_one_costs_nothing() {
+    let s = Scratch::new("otlp");
+    let receiver = Receiver::start(&s);
+    let job = start(&s, &["--otlp-endpoint", &receiver.endpoint]);
+    let requests = wait_until("three exported checkpoints", LIMIT, || {
+        let r = receiver.requests();
+        (r.len() >= 3).then_some(r)
+    });
+    signal(&job, "-TERM");
+    let mut job = job;
+    job.wait().unwrap();
+    assert!(!s.path("otlp.jsonl.refused").exists(), "refused: {}", common::read_lossy(&s.path("otlp.jsonl.refused")));
+    for req in &requests {
+        let rs = &req["resourceSpans"][0];
+        assert_eq!(rs["resource"]["attributes"][0]["value"]["stringValue"], "cutline wordcount");
+        let spans = rs["scopeSpans"][0]["spans"].as_array().unwrap();
+        let root = &spans[0];
+        assert!(root["name"].as_str().unwrap().starts_with("checkpoint "), "{root}");
+        let nanos = |s: &serde_json::Value, k: &str| s[k].as_str().unwrap().parse::<u128>().unwrap();
+        let tasks: Vec<&serde_json::Value> =
+            spans.iter().filter(|s| s["name"].as_str().unwrap().starts_with("task ")).collect();
+        let names: Vec<&str> = tasks.iter().map(|t| t["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["task lines#0", "task lines#1", "task counts#0", "task counts#1"]);
+        for t in &tasks {
+            assert_eq!(t["traceId"], root["traceId"]);
+            assert_eq!(t["parentSpanId"], root["spanId"]);
+            assert!(nanos(t, "startTimeUnixNano") >= nanos(root, "startTimeUnixNano"), "{t}");
+            assert!(nanos(t, "endTimeUnixNano") <= nanos(root, "endTimeUnixNano"), "{t} {root}");
+        }
+        // A keyed task's barrier arrived from each source subtask.
+        let events: Vec<&str> =
+            tasks[2]["events"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+        assert!(events.contains(&"barrier from lines#0") && events.contains(&"barrier from lines#1"), "{events:?}");
+    }
+    // Nobody listening: the job runs and finishes as without an exporter, with a warning.
+    let s2 = Scratch::new("otlp-unreachable");
+    let input = s2.write("input.txt", &word_lines(3, 400, (4, 10), 300));
+    let mut args = wordcount_job(&input.display().to_string(), &s2.arg("out"), &s2.arg("state"), "50ms", 500, &[]);
+    args.extend(["--otlp-endpoint".into(), format!("http://{}", common::free_port()), "-v".into()]);
+    let out = cutline().args(&args).output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("finished:"));
+    assert!(common::events(&log).iter().any(|e| e.is("otlp_export_failed")), "{log}");
+    common::check_output(&common::read_lossy(&input), &s2.path("out"), "unreachable collector", &s2.dir);
+}

@@ -70,6 +70,7 @@
 
 mod client;
 pub mod http;
+pub mod otlp;
 mod peer;
 pub mod prometheus;
 mod protocol;

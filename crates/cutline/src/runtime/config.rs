@@ -61,7 +61,15 @@ pub struct RunConfig {
     /// [`MAX_REPEATED_FAILURES`](cutline_core::lifecycle::MAX_REPEATED_FAILURES)); `None` leaves it
     /// to `restart` alone (for harnesses that inject the same failure at random).
     pub max_repeated_failures: Option<u32>,
+    /// Called with every completed checkpoint's record (statistics and epoch trace), on the
+    /// coordinator's thread right after the record is stored: it must return at once (hand the
+    /// record to a thread of its own, as the OTLP exporter's (`cutline::admin::otlp`)
+    /// listener does). None by default.
+    pub on_checkpoint: Option<CheckpointListener>,
 }
+
+/// See [`RunConfig::on_checkpoint`].
+pub type CheckpointListener = Arc<dyn Fn(&super::CheckpointRecord) + Send + Sync>;
 
 /// Default of [`RunConfig::max_channel_state_bytes`].
 pub const DEFAULT_MAX_CHANNEL_STATE_BYTES: u64 = 256 << 20;
@@ -87,6 +95,7 @@ impl RunConfig {
             from_savepoint: None,
             savepoint_dir: None,
             max_repeated_failures: Some(cutline_core::lifecycle::MAX_REPEATED_FAILURES),
+            on_checkpoint: None,
         }
     }
 

@@ -342,6 +342,9 @@ pub(crate) fn carry_out(
                 plane.send_all(Control::Complete(checkpoint), false);
                 if let Some(r) = record {
                     keep_record(ctx.store, &r, &mut ctx.stats.stats_written);
+                    if let Some(listener) = &ctx.stats.listener {
+                        listener(&r);
+                    }
                 }
                 // Retention that fails (an object store that is down) costs disk space, not
                 // correctness: the next completion runs it again.

@@ -76,6 +76,7 @@ pub(crate) fn run_on(
         stats: {
             let mut log = CheckpointLog::for_graph(graph);
             log.load_history(&*cfg.store);
+            log.listener = cfg.on_checkpoint.clone();
             log
         },
         report: JobReport::default(),
