@@ -194,7 +194,7 @@ mod tests {
         assert_eq!(frame, expected);
         // The kind numbers are on disk: never renumber them.
         let numbers: Vec<u16> = KINDS.iter().map(|k| *k as u16).collect();
-        assert_eq!(numbers, vec![1, 2, 3, 4, 5]);
+        assert_eq!(numbers, vec![1, 2, 3, 4, 5, 6]);
     }
 
     #[test]
