@@ -91,7 +91,8 @@ impl Scraper {
 /// `cutline bench metrics`: a job of `tasks` tasks (half sources, half sinks behind a forward
 /// edge) with checkpoints every second; once every task took part in a checkpoint, `requests`
 /// sequential `GET /metrics` and `GET /api/status`, each checked (every task's series present).
-pub(crate) fn bench_metrics(tasks: u32, requests: u32) -> Result<()> {
+/// The sources trickle, or with `busy` run flat out (every core saturated by the job).
+pub(crate) fn bench_metrics(tasks: u32, requests: u32, busy: bool) -> Result<()> {
     if tasks < 2 || !tasks.is_multiple_of(2) || requests == 0 {
         bail!("--tasks must be even and at least 2, --requests positive");
     }
@@ -101,10 +102,11 @@ pub(crate) fn bench_metrics(tasks: u32, requests: u32) -> Result<()> {
     let store: Arc<dyn CheckpointStore> = Arc::new(LocalDirStore::open(&dir)?);
     let job = Job::new("many-tasks");
     job.source_with_parallelism("src", half, GeneratorSource::new(u64::MAX, |i| i))
-        .map(|i: u64| {
-            // A trickle: every task is alive and idle most of the time, as in a large job.
-            if i.is_multiple_of(64) {
-                std::thread::sleep(Duration::from_millis(20));
+        .map(move |i: u64| {
+            // A trickle: every task is alive and idle most of the time, as in a large job (subtask
+            // s reads records s, s + half, s + 2 half, ...: it sleeps at every 16th of its own).
+            if !busy && (i / u64::from(half)).is_multiple_of(16) {
+                std::thread::sleep(Duration::from_millis(250));
             }
             i
         })
@@ -148,13 +150,35 @@ pub(crate) fn bench_metrics(tasks: u32, requests: u32) -> Result<()> {
         took.sort();
         measured.push((path.to_string(), took, bytes));
     }
+    // Where the time of a scrape goes: the coordinator's answer, and rendering the text.
+    let (mut asked, mut rendered) = (Vec::new(), Vec::new());
+    for _ in 0..requests {
+        let t = Instant::now();
+        let m = handle.metrics().map_err(anyhow::Error::msg)?;
+        asked.push(t.elapsed());
+        let t = Instant::now();
+        let text = cutline::admin::prometheus::render(&m);
+        rendered.push(t.elapsed());
+        if task_series(&text) != tasks as usize {
+            bail!("a rendering showed {} tasks, the job has {tasks}", task_series(&text));
+        }
+    }
+    asked.sort();
+    rendered.sort();
     drop(server);
     handle.stop();
     let _ = handle.join();
     std::fs::remove_dir_all(&dir).ok();
+    println!(
+        "tasks={tasks} busy={busy} part=coordinator_answer p50_ms={:.2} p99_ms={:.2} part=render p50_ms={:.2} p99_ms={:.2}",
+        percentile(&asked, 0.5),
+        percentile(&asked, 0.99),
+        percentile(&rendered, 0.5),
+        percentile(&rendered, 0.99)
+    );
     for (path, took, bytes) in measured {
         println!(
-            "tasks={tasks} path={path} requests={requests} p50_ms={:.2} p99_ms={:.2} max_ms={:.2} bytes={bytes} setup_s={setup_s:.1}",
+            "tasks={tasks} busy={busy} path={path} requests={requests} p50_ms={:.2} p99_ms={:.2} max_ms={:.2} bytes={bytes} setup_s={setup_s:.1}",
             percentile(&took, 0.5),
             percentile(&took, 0.99),
             percentile(&took, 1.0)

@@ -84,6 +84,9 @@ enum BenchOther {
         tasks: u32,
         #[arg(long, default_value_t = 100)]
         requests: u32,
+        /// Sources run flat out (the job saturates every core) instead of trickling.
+        #[arg(long)]
+        busy: bool,
     },
     /// Checkpoints of a keyed operator with `--timers` pending event-time timers, and while one
     /// watermark makes them all due (figures only when every timer fired).
@@ -384,8 +387,8 @@ fn main() {
         Cmd::Bench { other: Some(BenchOther::Timers { timers, checkpoint_interval }), .. } => {
             bench_timers::bench_timers(timers, &checkpoint_interval)
         }
-        Cmd::Bench { other: Some(BenchOther::Metrics { tasks, requests }), .. } => {
-            bench_metrics::bench_metrics(tasks, requests)
+        Cmd::Bench { other: Some(BenchOther::Metrics { tasks, requests, busy }), .. } => {
+            bench_metrics::bench_metrics(tasks, requests, busy)
         }
         Cmd::Bench {
             other: None,

@@ -195,7 +195,7 @@ fn a_scraped_benchmark_counts_its_scrapes_and_the_metrics_benchmark_checks_every
     let out = common::cutline().args(["bench", "metrics", "--tasks", "40", "--requests", "5"]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("tasks=40 path=")).collect();
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("tasks=40 busy=false path=")).collect();
     assert_eq!(lines.len(), 2, "{text}");
     assert!(lines[0].contains("path=/metrics") && lines[0].contains("p50_ms="), "{text}");
 }

@@ -12,7 +12,6 @@ use super::run::own;
 use super::start::unix_ms;
 pub(crate) use super::stats::CheckpointLog;
 use super::task::{Control, SnapshotTimings};
-use super::trace::CheckpointRecord;
 use crate::dataflow::{EdgeKind, JobGraph};
 use crate::fault::{FaultPoint, Faults};
 use crate::state::SnapshotBuilder;
@@ -109,27 +108,6 @@ pub(crate) fn write_snapshot(
         },
         Err(reason) => {
             Event::Declined { generation: job.generation, checkpoint: job.barrier.checkpoint, task: job.task, reason }
-        }
-    }
-}
-
-/// Checkpoint records ([`CheckpointRecord`]) kept in the store, the newest; older ones are pruned.
-pub const CHECKPOINT_RECORDS_KEPT: usize = 1_000;
-/// Records written between two prunings (a pruning lists `stats/`).
-const RECORDS_PER_PRUNE: u64 = 100;
-
-/// Write a completed checkpoint's record to the store. Statistics decide nothing: a failure costs the
-/// record (with a warning), never the checkpoint.
-fn keep_record(store: &dyn CheckpointStore, r: &CheckpointRecord, written: &mut u64) {
-    let id = CheckpointId(r.checkpoint);
-    if let Err(e) = store.write_stats(id, &r.to_json()) {
-        tracing::warn!(event = "checkpoint_record_failed", chk = %id, "the statistics of {id} were not kept: {e}");
-        return;
-    }
-    *written += 1;
-    if *written % RECORDS_PER_PRUNE == 1 {
-        if let Err(e) = store.prune_stats(CHECKPOINT_RECORDS_KEPT) {
-            tracing::warn!(event = "checkpoint_record_prune_failed", "old checkpoint statistics were not removed: {e}");
         }
     }
 }
@@ -341,10 +319,7 @@ pub(crate) fn carry_out(
                 }
                 plane.send_all(Control::Complete(checkpoint), false);
                 if let Some(r) = record {
-                    keep_record(ctx.store, &r, &mut ctx.stats.stats_written);
-                    if let Some(listener) = &ctx.stats.listener {
-                        listener(&r);
-                    }
+                    ctx.stats.keeper.keep(ctx.store, r);
                 }
                 // Retention that fails (an object store that is down) costs disk space, not
                 // correctness: the next completion runs it again.

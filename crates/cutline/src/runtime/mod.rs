@@ -13,6 +13,7 @@ pub(crate) mod control;
 pub(crate) mod deploy;
 pub(crate) mod driver;
 mod error;
+pub(crate) mod keeper;
 pub(crate) mod life;
 pub(crate) mod local;
 pub(crate) mod report;
@@ -28,8 +29,9 @@ pub use config::{
     DEFAULT_RETAINED_CHECKPOINTS, DEFAULT_TICK_MS, SNAPSHOT_QUEUE_CAPACITY,
 };
 pub use control::{run, spawn, JobControl, JobHandle, CONTROL_ANSWER_TIMEOUT};
-pub use driver::{FailedCheckpoint, CHECKPOINT_RECORDS_KEPT};
+pub use driver::FailedCheckpoint;
 pub use error::RunError;
+pub use keeper::{CHECKPOINT_RECORDS_KEPT, RECORD_QUEUE};
 pub use report::{
     AckReport, CheckpointSummary, EdgeShape, JobMetrics, JobReport, StageShape, TaskReport, METRICS_CHECKPOINTS,
 };

@@ -10,6 +10,7 @@ use super::config::RunConfig;
 use super::control::{wait_answering, Command};
 use super::driver::{carry_out, coordinator_for, Carried, CheckpointLog, ControlPlane, DriverCtx, SavepointEvent};
 use super::error::RunError;
+use super::keeper::RecordKeeper;
 use super::life::{drive, DeployFailure, Ended, LifeHost};
 use super::report::{fill_records_out, AckReport, JobReport, TaskReport};
 use super::savepoint::SavepointInfo;
@@ -76,7 +77,7 @@ pub(crate) fn run_on(
         stats: {
             let mut log = CheckpointLog::for_graph(graph);
             log.load_history(&*cfg.store);
-            log.listener = cfg.on_checkpoint.clone();
+            log.keeper = RecordKeeper::threaded(cfg.store.clone(), cfg.on_checkpoint.clone());
             log
         },
         report: JobReport::default(),

@@ -43,10 +43,8 @@ pub(crate) struct CheckpointLog {
     pub parts: Vec<Option<TaskCheckpoint>>,
     pub counters: RunCounters,
     pub histograms: CheckpointHistograms,
-    /// Checkpoint records written to the store by this run (pruning runs every so many).
-    pub(super) stats_written: u64,
-    /// Told of every completed checkpoint's record ([`super::RunConfig::on_checkpoint`]).
-    pub(super) listener: Option<super::CheckpointListener>,
+    /// Where completed checkpoints' records go (the store, the run's listener).
+    pub(crate) keeper: super::keeper::RecordKeeper,
 }
 
 /// Checkpoint records a run reads back from the store at its start, the newest (the history that
