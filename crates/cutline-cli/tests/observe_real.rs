@@ -1,5 +1,6 @@
 //! A running job watched by real tools, as its operators would: the dashboard loaded in a headless
-//! Chromium (what the page shows after its scripts ran, and a screenshot kept in the test output), a
+//! Chromium (what the page shows after its scripts ran, and a screenshot kept in the test output),
+//! and driven there by a user (playwright-core: a checkpoint clicked, the interval changed), a
 //! Prometheus server scraping `/metrics` (OpenMetrics, parsed strictly) and answering queries over
 //! it, and the live status line on a pseudo-terminal (`script`). `.ci/run` installs
 //! Chromium and Prometheus (Debian's packages); these tests fail, saying so, when they are missing.
@@ -259,4 +260,43 @@ fn checkpoint_traces_reach_an_opentelemetry_receiver_and_an_unreachable_one_cost
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("finished:"));
     assert!(common::events(&log).iter().any(|e| e.is("otlp_export_failed")), "{log}");
     common::check_output(&common::read_lossy(&input), &s2.path("out"), "unreachable collector", &s2.dir);
+}
+
+#[test]
+fn a_user_clicks_a_checkpoint_and_tunes_the_job_from_the_dashboard() {
+    let node_path = std::env::var("CUTLINE_NODE_PATH").unwrap_or_else(|_| {
+        panic!("CUTLINE_NODE_PATH is not set: `eval \"$(scripts/browser-test-deps)\"` installs playwright-core (scripts/test does)")
+    });
+    let s = Scratch::new("dashboard-clicks");
+    let job = start(&s, &[]);
+    let addr = endpoint(&s, "job", LIMIT);
+    wait_until("four checkpoints", LIMIT, || (completed(&addr) >= 4).then_some(()));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/dashboard.js");
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard-tuned.png");
+    let out = Command::new("node")
+        .arg(&script)
+        .arg(format!("http://{addr}/"))
+        .arg(&shot)
+        .env("NODE_PATH", &node_path)
+        .output()
+        .expect("node (Node.js) runs the browser script");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let seen: serde_json::Value = serde_json::from_str(text.trim())
+        .unwrap_or_else(|e| panic!("{e}: {text} {}", String::from_utf8_lossy(&out.stderr)));
+    assert!(seen.get("error").is_none(), "{seen}");
+    // The clicked checkpoint's trace is shown, every task in its timeline.
+    let clicked = seen["clicked"].as_u64().unwrap();
+    assert!(seen["traceTitle"].as_str().unwrap().starts_with(&format!("checkpoint {clicked} ")), "{seen}");
+    assert_eq!(seen["timelineTasks"], serde_json::json!(["lines#0", "lines#1", "counts#0", "counts#1"]));
+    assert!(seen["slowest"].as_str().unwrap().starts_with("Slowest step: "), "{seen}");
+    // The new interval is in force in the job; the bad value was refused with the job's reason.
+    assert_eq!(seen["applied"], "applied", "{seen}");
+    assert!(seen["refused"].as_str().unwrap().contains("max"), "{seen}");
+    let tuned = cutline().args(["tune", "--state", &s.arg("state")]).output().unwrap();
+    let settings = String::from_utf8_lossy(&tuned.stdout);
+    assert!(settings.contains("interval=750ms") && settings.contains("max-concurrent=1"), "{settings}");
+    assert!(std::fs::metadata(&shot).map(|m| m.len() > 20_000).unwrap_or(false), "no screenshot at {}", shot.display());
+    signal(&job, "-TERM");
+    let mut job = job;
+    job.wait().unwrap();
 }

@@ -236,20 +236,13 @@ fn accept_loop(listener: TcpListener, handler: Arc<dyn Handler>, stop: Arc<Atomi
 }
 
 fn wait_readable(listener: &TcpListener, waiting: &VecDeque<Waiting>) {
-    let mut fds: Vec<libc::pollfd> = std::iter::once(listener.as_raw_fd())
-        .chain(waiting.iter().map(|w| w.stream.as_raw_fd()))
-        .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
-        .collect();
-    let now = Instant::now();
-    let next = waiting
-        .iter()
-        .map(|w| w.accepted + if w.buf.is_empty() { HTTP_FIRST_BYTE_TIMEOUT } else { HTTP_REQUEST_TIMEOUT })
-        .min()
-        .map(|d| d.saturating_duration_since(now))
-        .unwrap_or(ACCEPT_POLL);
-    let ms = ACCEPT_POLL.min(next).as_millis().max(1) as libc::c_int;
-    // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures for the duration of the call.
-    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    super::peer::poll_readable(
+        std::iter::once(listener.as_raw_fd()).chain(waiting.iter().map(|w| w.stream.as_raw_fd())),
+        waiting
+            .iter()
+            .map(|w| w.accepted + if w.buf.is_empty() { HTTP_FIRST_BYTE_TIMEOUT } else { HTTP_REQUEST_TIMEOUT }),
+        ACCEPT_POLL,
+    )
 }
 
 fn read_some(w: &mut Waiting) -> Read1 {

@@ -1,6 +1,6 @@
 //! Who is on the other end of an admin connection: the peer's user id, from the kernel
 //! (`SO_PEERCRED` on Linux, `getpeereid` on the BSDs and macOS), and whether that user may control
-//! the job (its own user, or root).
+//! the job (its own user, or root); and the one poll of the accept loops (`poll_readable`).
 
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -59,4 +59,19 @@ pub(super) fn check(stream: &UnixStream, own: u32) -> Result<(), String> {
         )),
         Err(e) => Err(format!("cannot tell who is connecting ({e}); refused")),
     }
+}
+
+/// Sleep until one of `fds` is readable, the earliest of `deadlines` has come, or `limit` has passed
+/// (the accept loops of the admin socket and the HTTP endpoint).
+pub(super) fn poll_readable(
+    fds: impl Iterator<Item = std::os::unix::io::RawFd>,
+    deadlines: impl Iterator<Item = std::time::Instant>,
+    limit: std::time::Duration,
+) {
+    let mut fds: Vec<libc::pollfd> = fds.map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    let now = std::time::Instant::now();
+    let next = deadlines.min().map(|d| d.saturating_duration_since(now)).unwrap_or(limit);
+    let ms = limit.min(next).as_millis().max(1) as libc::c_int;
+    // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures for the duration of the call.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
 }

@@ -192,23 +192,14 @@ fn accept_loop(listener: UnixListener, control: JobControl, stop: Arc<AtomicBool
     }
 }
 
-/// Sleep until the listener or a waiting connection is readable, at most `limit`.
+/// Sleep until the listener or a waiting connection is readable, at most `limit`, waking in time for
+/// the earliest read deadline of a waiting connection.
 fn wait_readable(listener: &UnixListener, waiting: &VecDeque<Waiting>, limit: Duration) {
-    let mut fds: Vec<libc::pollfd> = std::iter::once(listener.as_raw_fd())
-        .chain(waiting.iter().map(|w| w.stream.as_raw_fd()))
-        .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
-        .collect();
-    // Wake in time for the earliest read deadline of a waiting connection.
-    let now = Instant::now();
-    let next_deadline = waiting
-        .iter()
-        .map(|w| w.accepted + if w.line.is_empty() { FIRST_BYTE_TIMEOUT } else { REQUEST_READ_TIMEOUT })
-        .min()
-        .map(|d| d.saturating_duration_since(now))
-        .unwrap_or(limit);
-    let ms = limit.min(next_deadline).as_millis().max(1) as libc::c_int;
-    // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures for the duration of the call.
-    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    peer::poll_readable(
+        std::iter::once(listener.as_raw_fd()).chain(waiting.iter().map(|w| w.stream.as_raw_fd())),
+        waiting.iter().map(|w| w.accepted + if w.line.is_empty() { FIRST_BYTE_TIMEOUT } else { REQUEST_READ_TIMEOUT }),
+        limit,
+    )
 }
 
 /// Read what `w` sent so far, without blocking.
