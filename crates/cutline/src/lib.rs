@@ -48,8 +48,9 @@ pub mod testing;
 
 pub use channel::{ChannelStats, Data};
 pub use connectors::{
-    DiscardSink, GeneratorSource, LineFileSource, LineOffset, MemoryTxnSink, MemoryTxnStore, PendingFile, PrintSink,
-    Sink, SinkContext, Source, SourceContext, SourceStatus, SplitId, TransactionalFileSink,
+    DiscardSink, GeneratorOffset, GeneratorSource, LineFileSource, LineOffset, MemoryTxnSink, MemoryTxnStore,
+    PendingFile, PrintSink, ReadBefore, Sink, SinkContext, Source, SourceContext, SourceStatus, SplitId,
+    TransactionalFileSink,
 };
 pub use cutline_core::barrier::{Alignment, CheckpointMode, SnapshotKind};
 pub use cutline_core::coordinator::CheckpointConfig;

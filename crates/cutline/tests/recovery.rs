@@ -180,34 +180,6 @@ fn keyed_state_restores_at_a_higher_parallelism() {
     assert_eq!(committed(&out), expected());
 }
 
-/// A source whose offsets cannot be split or merged (the generator's) restored at another
-/// parallelism: refused at start, naming the source and what can change parallelism.
-#[test]
-fn a_source_that_cannot_rescale_is_refused_at_another_parallelism_with_what_can() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
-    let job = |source_parallelism: u32| {
-        let job = Job::new("counting");
-        job.source_with_parallelism("numbers", source_parallelism, GeneratorSource::new(RECORDS, |i| i % KEYS))
-            .map(|k: u64| {
-                std::thread::sleep(Duration::from_micros(20));
-                k
-            })
-            .key_by(|k: &u64| *k)
-            .parallelism(2)
-            .aggregate("counts", || 0u64, |c, _k| *c += 1, |k, c| format!("{k}:{c}"))
-            .sink_with_parallelism("out", 1, MemoryTxnSink::new(out.clone()));
-        job.build().expect("valid job")
-    };
-    let mut cfg = config(dir.path());
-    crash_at_commit(&mut cfg, 3);
-    cutline::run(&job(1), cfg).expect_err("stopped by the injected failure");
-    let err = cutline::run(&job(2), config(dir.path())).expect_err("must refuse");
-    let msg = err.to_string();
-    assert!(msg.contains("numbers") && msg.contains("cannot change parallelism"), "{msg}");
-    assert!(msg.contains("Source::rescale"), "the message says what can: {msg}");
-}
-
 /// Every file of every complete checkpoint (a directory with a manifest).
 fn complete_checkpoint_files(dir: &std::path::Path) -> Vec<String> {
     walk(dir)

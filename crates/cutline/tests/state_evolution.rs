@@ -131,13 +131,23 @@ fn run_restored(
     name: &str,
     op: impl FnOnce(KeyedStream<u64, (u64, u64)>) -> Stream<String>,
 ) -> Result<Vec<String>, String> {
+    // Nothing new to read: the restored offset is past the end, so the input ends at once.
+    run_restored_at(name, 1, 0, op)
+}
+
+/// [`run_restored`] with every stage at `parallelism`, the input now `events` long.
+fn run_restored_at(
+    name: &str,
+    parallelism: u32,
+    events: u64,
+    op: impl FnOnce(KeyedStream<u64, (u64, u64)>) -> Stream<String>,
+) -> Result<Vec<String>, String> {
     let (savepoint, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     copy_dir(&fixture(name), savepoint.path());
     let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
     let job = Job::new("evolution");
-    job.set_parallelism(1);
-    // Nothing new to read: the restored offset is past the end, so the input ends at once.
-    op(job.source("events", GeneratorSource::new(0, |i| (i % KEYS, i))).key_by(|e: &(u64, u64)| e.0))
+    job.set_parallelism(parallelism);
+    op(job.source("events", GeneratorSource::new(events, |i| (i % KEYS, i))).key_by(|e: &(u64, u64)| e.0))
         .sink("out", MemoryTxnSink::new(out.clone()));
     let mut cfg = config(state.path());
     cfg.from_savepoint = Some(savepoint.path().to_path_buf());
@@ -170,6 +180,41 @@ fn assert_consistent(got: &[String], what: &str) {
 fn a_savepoint_from_before_state_types_were_recorded_restores_as_it_was_written() {
     let got = restored("v1-before-schemas", |k, t: &v1::Tally| format!("{k} {} {}", t.count, t.last)).unwrap();
     assert_consistent(&got, "v1 before schemas");
+}
+
+/// The v1 tally, going on counting, showing every key's state at the end of the input.
+struct Count;
+
+impl KeyedProcess<u64, (u64, u64), String> for Count {
+    type State = v1::Tally;
+    fn process(&self, _: &u64, s: &mut Option<v1::Tally>, e: (u64, u64), _: &mut Output<String>) {
+        let t = s.get_or_insert(v1::Tally { count: 0, last: 0 });
+        t.count += 1;
+        t.last = t.last.max(e.1); // events of a key come from several source subtasks
+    }
+    fn end_of_input(&self, key: &u64, s: &mut Option<v1::Tally>, out: &mut Output<String>) {
+        if let Some(t) = s {
+            out.emit(format!("{key} {} {}", t.count, t.last));
+        }
+    }
+}
+
+/// The fixtures were written at parallelism 1, by a version whose generator offset was a bare
+/// index (before sources could rescale). Restored with every stage at another parallelism, the
+/// input resumes exactly where the savepoint stood: every event counted once.
+#[test]
+fn a_savepoint_from_before_rescaling_existed_restores_at_another_parallelism() {
+    let stood = restored("v1", |k, t: &v1::Tally| format!("{k} {} {}", t.count, t.last)).unwrap();
+    let read = stood.iter().map(|l| l.split(' ').nth(2).unwrap().parse::<u64>().unwrap()).max().unwrap() + 1;
+    for parallelism in [3, 2] {
+        let events = read + 5000;
+        let got = run_restored_at("v1", parallelism, events, |k| k.process_with("tally", Count)).unwrap();
+        assert_consistent(&got, &format!("v1 at parallelism {parallelism}"));
+        for line in &got {
+            let last: u64 = line.split(' ').nth(2).unwrap().parse().unwrap();
+            assert!(last + KEYS >= events, "the input was not read to its end: {line} of {events} events");
+        }
+    }
 }
 
 #[test]

@@ -213,7 +213,9 @@ pub(crate) fn committed_parts(dir: &Path) -> Vec<String> {
 pub(crate) struct KillScenario {
     pub(crate) test: &'static str,
     pub(crate) default_seed: u64,
-    pub(crate) parallelism: u32,
+    /// The parallelism of the job; with several, run `r` (from 0, the final run last) takes
+    /// `parallelism[r % len]`: every restart rescales the job.
+    pub(crate) parallelism: &'static [u32],
     pub(crate) mode: &'static str,
     pub(crate) job: KillJob,
 }
@@ -249,17 +251,24 @@ pub(crate) fn kill_and_resume(sc: &KillScenario) -> KillOutcome {
     let scratch = Scratch::new(&format!("kill9-{}", sc.test));
     let output = scratch.path("output");
     let state = scratch.path("state");
-    let (text, args) = match sc.job {
+    let text = match sc.job {
         KillJob::Wordcount => {
             let text = generate_text(ctx.seed, KILL_INPUT_LINES);
             let input = scratch.path("input.txt");
             std::fs::write(&input, &text).unwrap_or_else(|e| ctx.fail(format!("writing {}: {e}", input.display())));
-            let args = wordcount_args(&input, &output, &state, sc.parallelism, CHECKPOINT_INTERVAL, sc.mode);
-            (text, args)
+            text
         }
-        KillJob::Nexmark(query, events, pace_us) => {
-            let job = (query, events, pace_us);
-            (String::new(), nexmark_args(job, &output, &state, sc.parallelism, CHECKPOINT_INTERVAL, sc.mode))
+        KillJob::Nexmark(..) => String::new(),
+    };
+    let args_of_run = |run: u32| {
+        let p = sc.parallelism[run as usize % sc.parallelism.len()];
+        match sc.job {
+            KillJob::Wordcount => {
+                wordcount_args(&scratch.path("input.txt"), &output, &state, p, CHECKPOINT_INTERVAL, sc.mode)
+            }
+            KillJob::Nexmark(query, events, pace_us) => {
+                nexmark_args((query, events, pace_us), &output, &state, p, CHECKPOINT_INTERVAL, sc.mode)
+            }
         }
     };
 
@@ -274,6 +283,7 @@ pub(crate) fn kill_and_resume(sc: &KillScenario) -> KillOutcome {
         if Instant::now() + Duration::from_millis(delay) >= deadline {
             ctx.fail(format!("time bound of {SCENARIO_TIME_LIMIT:?} exceeded during kill round {round}"));
         }
+        let args = args_of_run(round - 1);
         let mut child =
             spawn(&args, &log).unwrap_or_else(|e| ctx.fail(format!("cannot start {}: {e}", command_line(&args))));
         std::thread::sleep(Duration::from_millis(delay));
@@ -295,6 +305,7 @@ pub(crate) fn kill_and_resume(sc: &KillScenario) -> KillOutcome {
         ));
     }
 
+    let args = args_of_run(KILL_ROUNDS);
     let log = scratch.path("run-final");
     let final_started = Instant::now();
     let fin = run_until(&ctx, &args, &log, deadline);

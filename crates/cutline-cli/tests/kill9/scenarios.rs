@@ -43,7 +43,7 @@ fn kill_9_at_random_moments_then_resume_gives_exact_output() {
     let o = kill_and_resume(&KillScenario {
         test: "kill_9_at_random_moments_then_resume_gives_exact_output",
         default_seed: 1,
-        parallelism: 2,
+        parallelism: &[2],
         mode: "exactly-once",
         job: KillJob::Wordcount,
     });
@@ -68,12 +68,27 @@ fn kill_9_at_random_moments_then_resume_gives_exact_output() {
     }
 }
 
+/// Every restart after a kill runs the job at another parallelism (seed 9.3): the line file's
+/// offsets, the word counts' key groups and the file sink's prepared transactions are redistributed
+/// each time, up and down.
+#[test]
+fn kill_9_at_random_moments_and_restart_at_another_parallelism_each_time_gives_exact_output() {
+    let o = kill_and_resume(&KillScenario {
+        test: "kill_9_at_random_moments_and_restart_at_another_parallelism_each_time_gives_exact_output",
+        default_seed: 5,
+        parallelism: &[2, 3, 1, 4, 2, 1, 3, 2, 4],
+        mode: "exactly-once",
+        job: KillJob::Wordcount,
+    });
+    assert_exact_output(&o);
+}
+
 #[test]
 fn kill_9_at_random_moments_with_one_worker_then_resume_gives_exact_output() {
     let o = kill_and_resume(&KillScenario {
         test: "kill_9_at_random_moments_with_one_worker_then_resume_gives_exact_output",
         default_seed: 2,
-        parallelism: 1,
+        parallelism: &[1],
         mode: "exactly-once",
         job: KillJob::Wordcount,
     });
@@ -85,7 +100,7 @@ fn kill_9_at_random_moments_with_unaligned_checkpoints_then_resume_gives_exact_o
     let o = kill_and_resume(&KillScenario {
         test: "kill_9_at_random_moments_with_unaligned_checkpoints_then_resume_gives_exact_output",
         default_seed: 3,
-        parallelism: 2,
+        parallelism: &[2],
         mode: "unaligned",
         job: KillJob::Wordcount,
     });
@@ -97,7 +112,7 @@ fn kill_9_at_random_moments_with_checkpoints_switching_after_their_alignment_tim
     let o = kill_and_resume(&KillScenario {
         test: "kill_9_at_random_moments_with_checkpoints_switching_after_their_alignment_timeout_gives_exact_output",
         default_seed: 4,
-        parallelism: 2,
+        parallelism: &[2],
         mode: "aligned-timeout",
         job: KillJob::Wordcount,
     });
@@ -109,7 +124,7 @@ fn kill_9_at_random_moments_in_at_least_once_mode_loses_no_count_and_invents_not
     let o = kill_and_resume(&KillScenario {
         test: "kill_9_at_random_moments_in_at_least_once_mode_loses_no_count_and_invents_nothing",
         default_seed: 3,
-        parallelism: 2,
+        parallelism: &[2],
         mode: "at-least-once",
         job: KillJob::Wordcount,
     });
@@ -251,7 +266,7 @@ fn kill_9_a_job_of_sliding_windows_at_random_moments_then_resume_gives_the_refer
     let o = kill_and_resume(&KillScenario {
         test: "kill_9_a_job_of_sliding_windows_at_random_moments_then_resume_gives_the_reference_rows",
         default_seed: 5,
-        parallelism: 2,
+        parallelism: &[2],
         mode: "exactly-once",
         job: KillJob::Nexmark("q5", NEXMARK_EVENTS, NEXMARK_PACE_US),
     });
@@ -265,7 +280,7 @@ fn kill_9_a_job_of_session_windows_with_unaligned_checkpoints_then_resume_gives_
     let o = kill_and_resume(&KillScenario {
         test: "kill_9_a_job_of_session_windows_with_unaligned_checkpoints_then_resume_gives_the_reference_rows",
         default_seed: 6,
-        parallelism: 2,
+        parallelism: &[2],
         mode: "unaligned",
         job: KillJob::Nexmark("q11", NEXMARK_EVENTS, NEXMARK_PACE_US),
     });

@@ -11,6 +11,7 @@
 //! becomes the record (no second copy) when the line is long, and a poll stops once its lines hold
 //! [`MAX_BATCH_BYTES`], so a batch of long lines is one line, not a batch's worth of them.
 
+use super::interleave::{prune, read_before, rescaled, ReadBefore};
 use super::source::{Source, SourceStatus};
 use crate::error::{ConnectorError, ConnectorResult};
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -52,7 +53,7 @@ pub struct LineFileSource {
 
 /// Position in a [`LineFileSource`]: byte offset and number of the next line, and what identifies
 /// the line before it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct LineOffset {
     /// Byte offset in the file where the next line starts.
     pub byte: u64,
@@ -61,6 +62,9 @@ pub struct LineOffset {
     /// The last line read (`None` at the start, and in offsets of checkpoints taken before cutline
     /// recorded it): a restore checks the input still holds it.
     pub last_line: Option<LineCheck>,
+    /// Lines at or after [`LineOffset::line`] that subtasks of an earlier parallelism already read
+    /// (after a rescale, until this subtask reads past them; empty otherwise).
+    pub read_before: Vec<ReadBefore>,
 }
 
 /// Where the last line read starts and the CRC-32 of its bytes up to [`LineOffset::byte`] (newline
@@ -216,7 +220,9 @@ impl Source for LineFileSource {
             self.state.last_line = Some(LineCheck { start: self.state.byte, crc32: crc32fast::hash(&self.buf) });
             self.state.byte += n as u64;
             self.state.line += 1;
-            if line_no % self.parallelism as u64 != self.subtask as u64 {
+            if line_no % self.parallelism as u64 != self.subtask as u64
+                || (!self.state.read_before.is_empty() && read_before(&self.state.read_before, line_no))
+            {
                 if self.buf.capacity() > COPIED_LINE_BYTES {
                     self.buf = Vec::new(); // do not keep a long line's buffer for the short ones
                 }
@@ -241,11 +247,32 @@ impl Source for LineFileSource {
             out.push(line);
             produced += 1;
         }
+        if !self.state.read_before.is_empty() {
+            prune(&mut self.state.read_before, self.state.line);
+        }
         Ok(SourceStatus::More)
     }
 
     fn offset(&self) -> LineOffset {
-        self.state
+        self.state.clone()
+    }
+
+    /// Every new subtask resumes where the old subtask that read least stands, skipping the lines
+    /// the others read beyond it (see [`ReadBefore`]).
+    fn rescale(old: Vec<LineOffset>, subtask: u32, parallelism: u32) -> ConnectorResult<Option<LineOffset>> {
+        let _ = (subtask, parallelism); // every subtask reads the whole file and keeps its own lines
+        let mut by_line: Vec<&LineOffset> = old.iter().collect();
+        by_line.sort_by_key(|o| o.line);
+        if by_line.windows(2).any(|w| w[0].byte > w[1].byte) {
+            return Err(ConnectorError::permanent(
+                "the checkpoint is damaged: its subtasks' offsets are not positions in one file (a later line at an earlier byte)",
+            ));
+        }
+        let positions: Vec<u64> = old.iter().map(|o| o.line).collect();
+        let layers: Vec<&[ReadBefore]> = old.iter().map(|o| &o.read_before[..]).collect();
+        let (_, read_before) = rescaled(&positions, &layers).map_err(ConnectorError::permanent)?;
+        let lowest = by_line.first().expect("rescaled refuses no offsets");
+        Ok(Some(LineOffset { byte: lowest.byte, line: lowest.line, last_line: lowest.last_line, read_before }))
     }
 }
 
@@ -264,15 +291,18 @@ impl<'de> Deserialize<'de> for LineOffset {
                 let line = seq.next_element()?.ok_or_else(|| de::Error::invalid_length(1, &self))?;
                 // An offset of an older version ends here: postcard reports the end of its input.
                 let last_line = seq.next_element::<Option<LineCheck>>().ok().flatten().flatten();
-                Ok(LineOffset { byte, line, last_line })
+                // Those before rescaling existed end here.
+                let read_before = seq.next_element::<Vec<ReadBefore>>().ok().flatten().unwrap_or_default();
+                Ok(LineOffset { byte, line, last_line, read_before })
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LineOffset, A::Error> {
-                let (mut byte, mut line, mut last_line) = (None, None, None);
+                let (mut byte, mut line, mut last_line, mut read_before) = (None, None, None, Vec::new());
                 while let Some(key) = map.next_key::<String>()? {
                     match key.as_str() {
                         "byte" => byte = Some(map.next_value()?),
                         "line" => line = Some(map.next_value()?),
                         "last_line" => last_line = map.next_value()?,
+                        "read_before" => read_before = map.next_value()?,
                         _ => {
                             map.next_value::<de::IgnoredAny>()?;
                         }
@@ -280,10 +310,10 @@ impl<'de> Deserialize<'de> for LineOffset {
                 }
                 let byte = byte.ok_or_else(|| de::Error::missing_field("byte"))?;
                 let line = line.ok_or_else(|| de::Error::missing_field("line"))?;
-                Ok(LineOffset { byte, line, last_line })
+                Ok(LineOffset { byte, line, last_line, read_before })
             }
         }
-        d.deserialize_struct("LineOffset", &["byte", "line", "last_line"], OffsetVisitor)
+        d.deserialize_struct("LineOffset", &["byte", "line", "last_line", "read_before"], OffsetVisitor)
     }
 }
 

@@ -43,6 +43,8 @@ pub struct MemoryTxnSink {
     ctx: Option<SinkContext>,
     open: Vec<String>,
     seq: u64,
+    /// Old subtasks whose transactions this instance took over at a rescaled restore.
+    taken_over: Vec<u32>,
 }
 
 impl Clone for MemoryTxnSink {
@@ -56,13 +58,24 @@ impl MemoryTxnSink {
     /// A sink into `store`, unopened. Every task of the sink (and every job) may share one store:
     /// transactions are named after the sink's uid, subtask and job.
     pub fn new(store: Arc<Mutex<MemoryTxnStore>>) -> Self {
-        MemoryTxnSink { store, ctx: None, open: Vec::new(), seq: 0 }
+        MemoryTxnSink { store, ctx: None, open: Vec::new(), seq: 0, taken_over: Vec::new() }
     }
     fn prefix(&self) -> String {
+        self.prefix_of(self.ctx.as_ref().expect("opened").subtask)
+    }
+    fn prefix_of(&self, subtask: u32) -> String {
         let c = self.ctx.as_ref().expect("opened");
         // '@' cannot occur in a uid or the job id, so no sink's prefix is a prefix of another sink's
         // names, nor of the names of the same sink in another job.
-        format!("{}@{}@{}@", c.uid, c.subtask, c.job)
+        format!("{}@{}@{}@", c.uid, subtask, c.job)
+    }
+    /// The prefixes of this instance's subtask and of those it took over.
+    fn recovered_prefixes(&self) -> Vec<String> {
+        let own = self.ctx.as_ref().expect("opened").subtask;
+        std::iter::once(own)
+            .chain(self.taken_over.iter().copied().filter(|j| *j != own))
+            .map(|j| self.prefix_of(j))
+            .collect()
     }
 }
 
@@ -74,11 +87,20 @@ impl<T: std::fmt::Display + Send + 'static> Sink<T> for MemoryTxnSink {
     }
     fn recover(&mut self, to_commit: &[String]) -> ConnectorResult<()> {
         <Self as Sink<T>>::commit(self, to_commit)?;
-        let prefix = self.prefix();
+        let prefixes = self.recovered_prefixes();
         let own = self.ctx.as_ref().expect("opened").incarnation;
         let mut s = self.store.lock().expect("store lock");
-        s.prepared.retain(|k, _| !k.starts_with(&prefix) || of_a_newer_generation(&k[prefix.len()..], own));
+        s.prepared.retain(|k, _| {
+            prefixes
+                .iter()
+                .find(|p| k.starts_with(p.as_str()))
+                .is_none_or(|p| of_a_newer_generation(&k[p.len()..], own))
+        });
         Ok(())
+    }
+    fn take_over(&mut self, old_subtasks: &[u32], _old_parallelism: u32) -> ConnectorResult<bool> {
+        self.taken_over = old_subtasks.to_vec();
+        Ok(true)
     }
     fn write(&mut self, item: T) -> ConnectorResult<()> {
         self.open.push(item.to_string());
@@ -115,11 +137,11 @@ impl<T: std::fmt::Display + Send + 'static> Sink<T> for MemoryTxnSink {
         self.open.clear();
     }
     fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> ConnectorResult<Option<bool>> {
-        let prefix = self.prefix();
+        let prefixes = self.recovered_prefixes();
         let s = self.store.lock().expect("store lock");
-        Ok(Some(
-            s.committed.iter().any(|(k, c, _)| k.starts_with(&prefix) && checkpoint.is_none_or(|after| *c > after)),
-        ))
+        Ok(Some(s.committed.iter().any(|(k, c, _)| {
+            prefixes.iter().any(|p| k.starts_with(p.as_str())) && checkpoint.is_none_or(|after| *c > after)
+        })))
     }
 }
 

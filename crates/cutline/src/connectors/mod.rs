@@ -8,6 +8,7 @@
 
 mod file_sink;
 mod generator;
+mod interleave;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 mod line_file;
@@ -19,7 +20,8 @@ mod sink;
 mod source;
 
 pub use file_sink::{FileIdentity, PendingFile, TransactionalFileSink};
-pub use generator::GeneratorSource;
+pub use generator::{GeneratorOffset, GeneratorSource};
+pub use interleave::{ReadBefore, MAX_READ_BEFORE_LAYERS};
 pub use line_file::{LineFileSource, LineOffset, MAX_LINE_BYTES};
 pub use memory::{MarkedEpoch, MemoryMarkerSink, MemoryTxnSink, MemoryTxnStore};
 pub use simple::{DiscardSink, PrintSink};

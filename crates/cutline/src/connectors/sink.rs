@@ -41,6 +41,16 @@ pub trait Sink<T>: Send + 'static {
     /// (`SinkContext::incarnation >> 32` is the generation): in a cluster a stale worker may run its
     /// recovery after a newer generation started elsewhere, and those transactions are not its own.
     fn recover(&mut self, to_commit: &[Self::Committable]) -> ConnectorResult<()>;
+    /// The restored checkpoint has this sink at another parallelism, `old_parallelism`: this
+    /// instance takes over the transactions of the old subtasks `old_subtasks` (those `j` with
+    /// `j % parallelism == subtask`; none when the sink scaled up past them) besides its own
+    /// subtask's. Called after `open` and before `committed_after` and `recover`, which must then
+    /// answer for, commit and discard the transactions of those subtasks too. `false` (the default):
+    /// this sink cannot change parallelism, and the restore is refused at start.
+    fn take_over(&mut self, old_subtasks: &[u32], old_parallelism: u32) -> ConnectorResult<bool> {
+        let _ = (old_subtasks, old_parallelism);
+        Ok(false)
+    }
     /// Write one record into the open transaction.
     fn write(&mut self, item: T) -> ConnectorResult<()>;
     /// Make the open transaction durable but invisible; `None` if it is empty.

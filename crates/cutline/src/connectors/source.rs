@@ -67,7 +67,8 @@ pub trait Source: Send + 'static {
     /// Open for `subtask` of `parallelism`, at `restored` if the job restores from a checkpoint.
     fn open(&mut self, subtask: u32, parallelism: u32, restored: Option<Self::Offset>) -> ConnectorResult<()>;
     /// The offset that `subtask` of `parallelism` restores from when the checkpoint was taken at
-    /// another parallelism: `old` holds the offset of every old subtask that had one. `None` (the
+    /// another parallelism: `old` holds the offset of every old subtask, in subtask order (so
+    /// `old.len()` is the old parallelism; a checkpoint that lacks one is refused as damaged). `None` (the
     /// default): this source cannot change parallelism, and such a restore is refused at start. An
     /// error: the old offsets do not fit together (a damaged checkpoint).
     fn rescale(old: Vec<Self::Offset>, subtask: u32, parallelism: u32) -> ConnectorResult<Option<Self::Offset>>

@@ -276,7 +276,7 @@ impl Job {
                     .map_err(|e| TaskError::State { uid: uid.clone(), message: format!("decoding source offset: {e}") })
             };
             // At another parallelism the source itself says where each new subtask resumes.
-            let restored = match ctx.restore.plain_rescaled(&uid, ctx.parallelism)? {
+            let restored = match ctx.restore.plain_rescaled_complete(&uid, ctx.parallelism)? {
                 Some((old, parts)) => {
                     let old_offsets = parts.into_iter().map(decode).collect::<Result<Vec<_>, _>>()?;
                     let rescaled = S::rescale(old_offsets, ctx.subtask, ctx.parallelism)

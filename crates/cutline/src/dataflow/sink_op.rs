@@ -29,14 +29,43 @@ impl<T: Send + 'static, S: Sink<T>> SinkEmit<T, S> {
         let uid = ctx.uid.clone();
         let err = |error: ConnectorError| TaskError::Sink { uid: uid.clone(), error };
         sink.open(&ctx).map_err(err)?;
-        let restored: BTreeMap<CheckpointId, S::Committable> =
-            match restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
-                Some(bytes) => postcard::from_bytes(bytes)
-                    .map_err(|e| TaskError::State { uid: uid.clone(), message: format!("decoding sink state: {e}") })?,
-                None => BTreeMap::new(),
-            };
+        let decode = |bytes: &[u8]| -> Result<BTreeMap<CheckpointId, S::Committable>, TaskError> {
+            postcard::from_bytes(bytes)
+                .map_err(|e| TaskError::State { uid: uid.clone(), message: format!("decoding sink state: {e}") })
+        };
+        // Prepared transactions of the restored checkpoint this instance commits: its own subtask's,
+        // or after a rescale those of the old subtasks it takes over.
+        let mut restored: Vec<BTreeMap<CheckpointId, S::Committable>> = Vec::new();
+        match restore.plain_rescaled_complete(&uid, ctx.parallelism)? {
+            Some((old_parallelism, parts)) => {
+                let old_subtasks: Vec<u32> =
+                    (0..old_parallelism).filter(|j| j % ctx.parallelism == ctx.subtask).collect();
+                if !sink.take_over(&old_subtasks, old_parallelism).map_err(err)? {
+                    return Err(TaskError::State {
+                        uid: uid.clone(),
+                        message: format!(
+                            "checkpoint has this sink at parallelism {old_parallelism}, the job now asks for {}; this sink cannot take over the transactions of other subtasks (the transactional file sink can). Keep the sink at parallelism {old_parallelism} (Stream::sink_with_parallelism) while the rest of the job rescales",
+                            ctx.parallelism
+                        ),
+                    });
+                }
+                for j in old_subtasks {
+                    restored.push(decode(parts[j as usize])?);
+                }
+            }
+            None => {
+                if let Some(bytes) = restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
+                    restored.push(decode(bytes)?);
+                }
+            }
+        }
         if let Some(c) = restore.checkpoint {
-            assert!(restored.keys().all(|k| *k <= c), "{uid}: restored committables newer than checkpoint {c}");
+            if let Some(k) = restored.iter().flat_map(|m| m.keys()).find(|k| **k > c) {
+                return Err(TaskError::State {
+                    uid: uid.clone(),
+                    message: format!("the checkpoint is damaged: checkpoint {c} holds a transaction prepared by checkpoint {k}, a later one"),
+                });
+            }
         }
         if !restore.duplicates_allowed {
             // Every sink subtask answers this before any of them recovers (recovery discards prepared
@@ -58,7 +87,7 @@ impl<T: Send + 'static, S: Sink<T>> SinkEmit<T, S> {
                 });
             }
         }
-        let to_commit: Vec<S::Committable> = restored.into_values().collect();
+        let to_commit: Vec<S::Committable> = restored.into_iter().flat_map(|m| m.into_values()).collect();
         Ok(SinkEmit {
             uid,
             sink,

@@ -92,6 +92,38 @@ impl RestoreIndex {
         Ok(Some((old, states)))
     }
 
+    /// Like [`plain_rescaled`](Self::plain_rescaled), with the old subtasks' states in subtask order,
+    /// one for each of them: for state that says where each old subtask stood (a source's offsets,
+    /// a sink's transactions). A subtask missing or found twice is a damaged checkpoint.
+    pub fn plain_rescaled_complete(&self, uid: &str, parallelism: u32) -> Result<Option<OldParts<'_>>, TaskError> {
+        if self.plain_rescaled(uid, parallelism)?.is_none() {
+            return Ok(None);
+        }
+        let parts = &self.elements[uid];
+        let old = parts[0].parallelism;
+        let mut by_subtask: Vec<Option<&[u8]>> = vec![None; old as usize];
+        for p in parts {
+            let slot = by_subtask.get_mut(p.subtask as usize);
+            match (slot, &p.state) {
+                (Some(slot @ None), ElementState::Plain(b)) => *slot = Some(&b[..]),
+                _ => return Err(TaskError::State {
+                    uid: uid.into(),
+                    message: format!(
+                        "the checkpoint is damaged: it holds the state of subtask {} of {old} twice, or out of range",
+                        p.subtask
+                    ),
+                }),
+            }
+        }
+        match by_subtask.iter().position(Option::is_none) {
+            Some(missing) => Err(TaskError::State {
+                uid: uid.into(),
+                message: format!("the checkpoint is damaged: it has no state of subtask {missing} of {old}"),
+            }),
+            None => Ok(Some((old, by_subtask.into_iter().map(|b| b.expect("checked")).collect()))),
+        }
+    }
+
     /// Plain state of `uid` from every old subtask, whatever the parallelism (state that is merged
     /// rather than taken per subtask).
     pub fn plain_all(&self, uid: &str) -> Result<Vec<&[u8]>, TaskError> {

@@ -139,11 +139,11 @@ fn a_restore_checks_the_last_line_read_is_still_there() {
     assert_eq!(at.last_line.map(|c| c.start), Some(4));
     // The same input: it resumes at line 3.
     let mut r = LineFileSource::new(&path);
-    r.open(0, 1, Some(at)).unwrap();
+    r.open(0, 1, Some(at.clone())).unwrap();
     assert_eq!(read_all(&mut r).unwrap(), ["three"]);
     // Same length, other content before the offset: refused, permanently.
     std::fs::write(&path, "one\nTWO\nthree\n").unwrap();
-    let err = LineFileSource::new(&path).open(0, 1, Some(at)).expect_err("changed");
+    let err = LineFileSource::new(&path).open(0, 1, Some(at.clone())).expect_err("changed");
     assert!(is_permanent(&err) && err.contains("line 2"), "{err}");
     // Shorter than the offset: refused, permanently.
     std::fs::write(&path, "one\n").unwrap();
@@ -160,8 +160,70 @@ fn offsets_of_checkpoints_taken_before_the_line_check_still_decode() {
     }
     let old = postcard::to_allocvec(&OldLineOffset { byte: 123, line: 7 }).unwrap();
     let decoded: LineOffset = postcard::from_bytes(&old).unwrap();
-    assert_eq!(decoded, LineOffset { byte: 123, line: 7, last_line: None });
-    let new = LineOffset { byte: 123, line: 7, last_line: Some(LineCheck { start: 100, crc32: 0xdead_beef }) };
+    assert_eq!(decoded, LineOffset { byte: 123, line: 7, last_line: None, read_before: vec![] });
+    let new = LineOffset {
+        byte: 123,
+        line: 7,
+        last_line: Some(LineCheck { start: 100, crc32: 0xdead_beef }),
+        read_before: vec![],
+    };
     let decoded: LineOffset = postcard::from_bytes(&postcard::to_allocvec(&new).unwrap()).unwrap();
     assert_eq!(decoded, new);
+}
+
+/// Subtasks read a file at their own pace and are restored (their offsets through postcard, as a
+/// checkpoint keeps them) at random parallelisms, again and again: every line is read exactly once.
+#[test]
+fn random_rescales_read_every_line_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = 11u64;
+    let mut rand = |bound: u64| {
+        rng = crate::splitmix64(rng);
+        rng % bound
+    };
+    for round in 0..60 {
+        let lines = rand(300);
+        let path = dir.path().join(format!("in-{round}"));
+        let text: String = (0..lines).map(|i| format!("{i}\n")).collect();
+        std::fs::write(&path, text).unwrap();
+        let mut seen = vec![0u32; lines as usize];
+        let mut p = 1 + rand(5) as u32;
+        let mut offsets: Vec<Option<LineOffset>> = vec![None; p as usize];
+        loop {
+            let mut all_done = true;
+            for s in 0..p {
+                let mut src = LineFileSource::new(&path);
+                src.open(s, p, offsets[s as usize].take()).unwrap();
+                let mut out = Vec::new();
+                let status = src.poll(&mut out, rand(20) as usize).unwrap();
+                for l in out {
+                    seen[l.parse::<usize>().unwrap()] += 1;
+                }
+                all_done &= status == SourceStatus::Finished;
+                offsets[s as usize] =
+                    Some(postcard::from_bytes(&postcard::to_allocvec(&src.offset()).unwrap()).unwrap());
+            }
+            if all_done {
+                break;
+            }
+            if rand(3) == 0 {
+                let old: Vec<LineOffset> = offsets.iter().map(|o| o.clone().unwrap()).collect();
+                let new_p = 1 + rand(5) as u32;
+                if let Ok(new) =
+                    (0..new_p).map(|s| LineFileSource::rescale(old.clone(), s, new_p)).collect::<Result<Vec<_>, _>>()
+                {
+                    offsets = new;
+                    p = new_p;
+                }
+            }
+        }
+        assert!(seen.iter().all(|c| *c == 1), "a line read twice or never: {seen:?}");
+    }
+}
+
+#[test]
+fn offsets_that_are_not_positions_in_one_file_are_a_damaged_checkpoint() {
+    let at = |byte, line| LineOffset { byte, line, last_line: None, read_before: vec![] };
+    let e = LineFileSource::rescale(vec![at(10, 2), at(5, 3)], 0, 1).unwrap_err();
+    assert!(e.contains("damaged"), "{e}");
 }
