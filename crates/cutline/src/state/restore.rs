@@ -106,13 +106,15 @@ impl RestoreIndex {
             let slot = by_subtask.get_mut(p.subtask as usize);
             match (slot, &p.state) {
                 (Some(slot @ None), ElementState::Plain(b)) => *slot = Some(&b[..]),
-                _ => return Err(TaskError::State {
-                    uid: uid.into(),
-                    message: format!(
+                _ => {
+                    return Err(TaskError::State {
+                        uid: uid.into(),
+                        message: format!(
                         "the checkpoint is damaged: it holds the state of subtask {} of {old} twice, or out of range",
                         p.subtask
                     ),
-                }),
+                    })
+                }
             }
         }
         match by_subtask.iter().position(Option::is_none) {
