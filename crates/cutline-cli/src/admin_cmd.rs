@@ -160,7 +160,12 @@ pub(crate) fn list_checkpoints(state: &Path) -> Result<()> {
         Ok(None) => {}
         Err(e) => println!("WARNING: the FINISHED marker is damaged ({e}); delete it to let the job resume"),
     }
-    println!("{:>8}  {:<24}  {:>12}  {:>5}  {:<6}  verified", "id", "time (UTC)", "bytes", "tasks", "final");
+    // bytes: what the checkpoint wrote; restore bytes: what a restore reads, with the older files
+    // its incremental snapshots build on.
+    println!(
+        "{:>8}  {:<24}  {:>12}  {:>13}  {:>5}  {:<6}  verified",
+        "id", "time (UTC)", "bytes", "restore bytes", "tasks", "final"
+    );
     let mut bad = 0;
     for l in store.list_checkpoints()? {
         if !l.complete {
@@ -168,10 +173,11 @@ pub(crate) fn list_checkpoints(state: &Path) -> Result<()> {
         }
         match store.verify(l.id) {
             Ok(m) => println!(
-                "{:>8}  {:<24}  {:>12}  {:>5}  {:<6}  ok",
+                "{:>8}  {:<24}  {:>12}  {:>13}  {:>5}  {:<6}  ok",
                 l.id.0,
                 utc(m.created_at_unix_ms),
                 m.total_size_bytes(),
+                m.full_size_bytes(),
                 m.tasks.len(),
                 if m.is_final { "yes" } else { "no" }
             ),
@@ -184,7 +190,7 @@ pub(crate) fn list_checkpoints(state: &Path) -> Result<()> {
                     continue;
                 }
                 bad += 1;
-                println!("{:>8}  {:<24}  {:>12}  {:>5}  {:<6}  FAILED: {e}", l.id.0, "?", "?", "?", "?");
+                println!("{:>8}  {:<24}  {:>12}  {:>13}  {:>5}  {:<6}  FAILED: {e}", l.id.0, "?", "?", "?", "?", "?");
             }
         }
     }

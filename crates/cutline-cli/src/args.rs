@@ -196,6 +196,8 @@ pub(crate) enum JobSpec {
         events: u64,
         #[arg(long)]
         keys: u64,
+        #[arg(long, default_value_t = 0)]
+        hot_keys: u64,
         #[arg(long)]
         parallelism: u32,
         /// Where the sink reports what it received (see `cutline_cli::tally`).
@@ -209,8 +211,8 @@ pub(crate) fn build_job(args: &[String]) -> std::result::Result<(cutline::JobGra
     let spec = JobSpec::try_parse_from(args).map_err(|e| e.to_string())?;
     let (input, output, parallelism, line_delay_us) = match spec {
         JobSpec::Wordcount { input, output, parallelism, line_delay_us } => (input, output, parallelism, line_delay_us),
-        JobSpec::Bench { events, keys, parallelism, tally_dir } => {
-            let graph = cutline_cli::jobs::keyed_bench(events, keys, parallelism, &tally_dir)
+        JobSpec::Bench { events, keys, hot_keys, parallelism, tally_dir } => {
+            let graph = cutline_cli::jobs::keyed_bench(events, (keys, hot_keys), parallelism, &tally_dir)
                 .build()
                 .map_err(|e| e.to_string())?;
             return Ok((graph, "bench".into()));

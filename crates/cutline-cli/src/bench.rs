@@ -28,6 +28,8 @@ pub(crate) fn bench_coordinator(tasks: u32, workers: &str, checkpoints: u32) -> 
 pub(crate) struct BenchArgs {
     pub(crate) events: u64,
     pub(crate) keys: u64,
+    pub(crate) hot_keys: u64,
+    pub(crate) full_checkpoints: bool,
     pub(crate) parallelism: u32,
     pub(crate) interval: String,
     pub(crate) max_concurrent: usize,
@@ -59,12 +61,17 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
     // The sink reports what it received here (also from worker processes: they run on this machine).
     let tally_dir = dir.join("tally");
     std::fs::create_dir_all(&tally_dir)?;
-    let job_args: Vec<String> = ["bench", "--events", &events.to_string(), "--keys", &keys.to_string()]
-        .iter()
-        .map(|s| s.to_string())
-        .chain(["--parallelism".to_string(), parallelism.to_string()])
-        .chain(["--tally-dir".to_string(), tally_dir.display().to_string()])
-        .collect();
+    if a.hot_keys > keys {
+        bail!("--hot-keys {} is more than --keys {keys}: the hot keys are some of the keys", a.hot_keys);
+    }
+    let hot = a.hot_keys.to_string();
+    let job_args: Vec<String> =
+        ["bench", "--events", &events.to_string(), "--keys", &keys.to_string(), "--hot-keys", &hot]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(["--parallelism".to_string(), parallelism.to_string()])
+            .chain(["--tally-dir".to_string(), tally_dir.display().to_string()])
+            .collect();
     let (graph, fingerprint) = build_job(&job_args).map_err(anyhow::Error::msg)?;
     let scrape_every = a.scrape_every.as_deref().map(|d| ms_flag("scrape-every", d)).transpose()?;
     let mut cfg = RunConfig::new(store.clone(), fingerprint);
@@ -72,6 +79,7 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
     cfg.checkpoint.max_concurrent = max_concurrent;
     cfg.checkpoint.validate().map_err(anyhow::Error::msg)?;
     cfg.restart = cutline::RestartStrategy::None;
+    cfg.incremental_checkpoints = !a.full_checkpoints;
     if a.channel_capacity == 0 {
         bail!("--channel-capacity must be at least 1");
     }
@@ -165,7 +173,7 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
     let col = |f: &dyn Fn(&cutline::CheckpointSummary) -> u64| periodic.iter().map(|c| f(c)).collect::<Vec<u64>>();
     let (d, al, sd) = (col(&|c| c.duration_ms), col(&|c| c.alignment_ms), col(&|c| c.start_delay_ms));
     println!(
-        "events={events} keys={keys} parallelism={parallelism} workers={} interval={interval} max_concurrent={max_concurrent} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_max_ms={} alignment_p50_ms={} alignment_max_ms={} start_delay_p50_ms={} start_delay_max_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} sync_p50_us={} sync_max_us={} page_copies_p50={} peak_rss_mb={} state_bytes={} restarts={} sink_records={} state_count={} verified={}{recovery}{scraped}",
+        "events={events} keys={keys} parallelism={parallelism} workers={} interval={interval} max_concurrent={max_concurrent} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_max_ms={} alignment_p50_ms={} alignment_max_ms={} start_delay_p50_ms={} start_delay_max_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} sync_p50_us={} sync_max_us={} page_copies_p50={} peak_rss_mb={} state_bytes={} written_p50_bytes={} written_max_bytes={} restarts={} sink_records={} state_count={} verified={}{recovery}{scraped}",
         a.workers,
         events as f64 / secs,
         d.len(),
@@ -184,6 +192,8 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
         // Of this process: in one process (no --workers) the job's own peak.
         cutline_cli::jobs::peak_rss_bytes().map(|b| b >> 20).unwrap_or(0),
         report.checkpoints.last().map(|c| c.bytes).unwrap_or(0),
+        median(&col(&|c| c.bytes)),
+        max(&col(&|c| c.bytes)),
         report.restarts,
         tally.records,
         if tally.state_complete { tally.state_count.to_string() } else { "unknown".into() },

@@ -152,12 +152,19 @@ fn postgres_wordcount(_: &WordcountInput, _: u32, _: &str, _: &str, _: u64) -> R
 
 /// The keyed benchmark: event `i` has key `splitmix64(i) % keys` and value `i % 1000`; COUNT and SUM
 /// per key; every update goes to a [`TallySink`](crate::tally::TallySink) reporting into `tally`,
-/// which counts the updates and the keyed state they show, so that the run can be checked.
-pub fn keyed_bench(events: u64, keys: u64, parallelism: u32, tally: &Path) -> Job {
+/// which counts the updates and the keyed state they show, so that the run can be checked. With
+/// `hot_keys > 0`, event `i < keys` has key `i` (every key gets state) and later ones key
+/// `splitmix64(i) % hot_keys`: only those keys change from then on.
+pub fn keyed_bench(events: u64, (keys, hot_keys): (u64, u64), parallelism: u32, tally: &Path) -> Job {
     assert!(keys > 0);
     let job = Job::new("bench");
     job.set_parallelism(parallelism);
-    job.source("events", GeneratorSource::new(events, move |i| (splitmix64(i) % keys, i % 1000)))
+    let key = move |i: u64| match hot_keys {
+        0 => splitmix64(i) % keys,
+        _ if i < keys => i,
+        hot => splitmix64(i) % hot,
+    };
+    job.source("events", GeneratorSource::new(events, move |i| (key(i), i % 1000)))
         .key_by(|e: &(u64, u64)| e.0)
         .aggregate(
             "count-sum",

@@ -228,6 +228,13 @@ enum Cmd {
         events: u64,
         #[arg(long, default_value_t = 100_000)]
         keys: u64,
+        /// After one event for each of the `--keys` keys, draw keys from the first this many only
+        /// (0: every event draws from all keys): how many keys change per checkpoint interval.
+        #[arg(long, default_value_t = 0)]
+        hot_keys: u64,
+        /// Write every checkpoint whole (default: incremental, only the keyed state that changed).
+        #[arg(long)]
+        full_checkpoints: bool,
         #[arg(long, default_value_t = 1)]
         parallelism: u32,
         /// Checkpoint interval (e.g. 100ms, 1s) or `off`.
@@ -394,6 +401,8 @@ fn main() {
             other: None,
             events,
             keys,
+            hot_keys,
+            full_checkpoints,
             parallelism,
             checkpoint_interval,
             max_concurrent,
@@ -404,6 +413,8 @@ fn main() {
             frame_protection,
             scrape_every,
         } => bench(&BenchArgs {
+            hot_keys,
+            full_checkpoints,
             channel_capacity,
             frame_protection,
             scrape_every,

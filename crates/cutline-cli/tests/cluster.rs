@@ -9,6 +9,7 @@
 //!   workers; when it resumes, it finds its coordinator gone and joins again.
 //! - Peers that do not hold the cluster secret, and bytes that are not cutline frames, are refused
 //!   with a `connection_refused` event naming the reason, and do not disturb the job.
+//! - A cluster killed whole resumes at another parallelism on another number of workers.
 //!
 //! Every process logs JSON events (`CUTLINE_LOG_FORMAT=json`); the assertions read their fields
 //! (tests/common).
@@ -383,6 +384,28 @@ fn a_cluster_stopped_with_a_savepoint_resumes_in_one_process() {
         assert!(out.status.success(), "resume failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     sc.check_output("savepoint from a cluster");
+}
+
+#[test]
+fn a_killed_cluster_restarts_at_another_parallelism_on_other_workers_and_the_output_is_exact() {
+    // The whole cluster (coordinator and workers) is SIGKILLed mid-run, twice, and each time started
+    // again on the same state directory with another parallelism and number of workers: the line
+    // file source, the keyed counts and the file sink all rescale.
+    let sc = Scenario::new("rescale", seed(), 30_000, 300);
+    let s = &sc.s;
+    let paced = ["--checkpoint-interval", "50ms", "--line-delay-us", "200"];
+    for (workers, parallelism) in [(2, "2"), (3, "3")] {
+        let before = common::count(&sc.coordinator_events(), "checkpoint_complete");
+        let c = wordcount_cluster(s, workers, &[&["--parallelism", parallelism][..], &paced].concat());
+        sc.wait_for_checkpoints(before + 3, Duration::from_secs(60));
+        drop(c); // SIGKILL, every process
+    }
+    let mut c = wordcount_cluster(s, 1, &[&["--parallelism", "1"][..], &paced].concat());
+    let st = c.wait(SCENARIO_TIME_LIMIT);
+    assert!(st.success(), "the coordinator failed ({st}); logs in {}", s.dir.display());
+    let restored = restored_checkpoints(&sc.coordinator_events());
+    assert_eq!(restored.len(), 2, "two restores, at parallelism 3 and 1: {restored:?}");
+    sc.check_output("rescaled from 2 to 3 to 1");
 }
 
 /// CPU ticks (user + system) a process has used so far, from /proc.

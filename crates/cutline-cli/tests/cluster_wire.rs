@@ -289,7 +289,8 @@ fn a_worker_that_builds_another_graph_refuses_the_job_and_the_job_fails_naming_t
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let tally = dir.path().join("tally");
-    let graph = move |parallelism: u32| cutline_cli::jobs::keyed_bench(1_000, 10, parallelism, &tally).build().unwrap();
+    let graph =
+        move |parallelism: u32| cutline_cli::jobs::keyed_bench(1_000, (10, 0), parallelism, &tally).build().unwrap();
     let store: Arc<dyn CheckpointStore> = Arc::new(LocalDirStore::open(&state).unwrap());
     let addr = free_port();
     let cluster =

@@ -199,6 +199,19 @@ pub enum StorageError {
          a higher id"
     )]
     ManifestExists(CheckpointId),
+    /// A manifest to commit lists an incremental snapshot whose base file is no longer in the store
+    /// (retention removed it after the snapshot was taken, when no retained checkpoint needed it any
+    /// more). Nothing was committed; the checkpoint fails, and the task's next snapshot builds on a
+    /// retained checkpoint. Not transient, not corruption: the committed data is intact.
+    #[error(
+        "checkpoint {checkpoint} builds on {file}, which retention already removed; nothing was committed,          and the next checkpoint builds on a retained one"
+    )]
+    BaseMissing {
+        /// The checkpoint whose commit was refused.
+        checkpoint: CheckpointId,
+        /// The base file, relative to the store root.
+        file: String,
+    },
     /// Something that must exist is not in the store: a file that a manifest references, the
     /// manifest of a checkpoint asked for by id, or the manifest of the checkpoint given to
     /// [`CheckpointStore::mark_finished`](crate::CheckpointStore::mark_finished). Counted as

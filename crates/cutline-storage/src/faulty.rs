@@ -121,6 +121,10 @@ impl<S: CheckpointStore> CheckpointStore for FaultyStore<S> {
         self.inner.read_task_state(handle)
     }
 
+    fn read_task_chain(&self, handle: &TaskStateHandle) -> Result<Vec<Vec<u8>>, StorageError> {
+        self.inner.read_task_chain(handle)
+    }
+
     fn commit_manifest(&self, manifest: &Manifest) -> Result<(), StorageError> {
         let checkpoint = manifest.checkpoint;
         self.check(StoreOp::CommitManifest { checkpoint })?;

@@ -19,7 +19,12 @@ use std::path::Path;
 /// The first four bytes of every cutline file.
 pub const MAGIC: [u8; 4] = *b"CUTL";
 /// The newest frame version this build writes and reads. It also reads every older one.
-pub const FORMAT_VERSION: u16 = 1;
+///
+/// - 1: the first.
+/// - 2: the frame layout of version 1; in the manifest, task handles list the files an incremental
+///   snapshot builds on ([`TaskStateHandle::base`](crate::TaskStateHandle::base)). Every other
+///   record, and every task state payload, kept its shape.
+pub const FORMAT_VERSION: u16 = 2;
 
 const V1_HEADER_LEN: usize = 16;
 const CRC_LEN: usize = 4;
@@ -71,7 +76,7 @@ pub(crate) fn decode_frame_at<'a>(path: &Path, bytes: &'a [u8], expected: FileKi
         return Err(truncated(6));
     };
     match u16::from_le_bytes(version) {
-        1 => decode_v1(path, bytes, expected),
+        version @ (1 | 2) => decode_v1(path, bytes, expected, version),
         found if found > FORMAT_VERSION => {
             Err(StorageError::UnsupportedVersion { path: path.to_path_buf(), found, supported: FORMAT_VERSION })
         }
@@ -82,9 +87,10 @@ pub(crate) fn decode_frame_at<'a>(path: &Path, bytes: &'a [u8], expected: FileKi
     }
 }
 
-/// Version 1: 16-byte header, payload, crc32 of header and payload. Length and checksum are checked
-/// before the kind, so that a damaged kind field reads as corruption rather than as a wrong file.
-fn decode_v1<'a>(path: &Path, bytes: &'a [u8], expected: FileKind) -> Result<Frame<'a>, StorageError> {
+/// Version 1 (and 2, which kept its layout): 16-byte header, payload, crc32 of header and payload.
+/// Length and checksum are checked before the kind, so that a damaged kind field reads as corruption
+/// rather than as a wrong file.
+fn decode_v1<'a>(path: &Path, bytes: &'a [u8], expected: FileKind, version: u16) -> Result<Frame<'a>, StorageError> {
     let minimum = V1_HEADER_LEN + CRC_LEN;
     let truncated =
         || StorageError::Truncated { path: path.to_path_buf(), expected: minimum as u64, actual: bytes.len() as u64 };
@@ -112,7 +118,7 @@ fn decode_v1<'a>(path: &Path, bytes: &'a [u8], expected: FileKind) -> Result<Fra
     if found != expected as u16 {
         return Err(StorageError::WrongKind { path: path.to_path_buf(), expected, found });
     }
-    Ok(Frame { version: 1, payload: body.get(V1_HEADER_LEN..).ok_or_else(truncated)? })
+    Ok(Frame { version, payload: body.get(V1_HEADER_LEN..).ok_or_else(truncated)? })
 }
 
 /// The `N` bytes at `at`, or `None` past the end. Every field of a frame is read through here (and
@@ -129,26 +135,39 @@ pub(crate) fn encode_record<T: Serialize>(kind: FileKind, value: &T) -> Vec<u8> 
     encode_frame(kind, &payload)
 }
 
-/// Checks the frame and decodes its record. Each frame version has its own arm: when version 2
-/// changes a record, the version 1 arm keeps decoding the old shape and converts it.
+/// Checks the frame and decodes its record, of a kind whose shape no version changed.
 pub(crate) fn decode_record<T: DeserializeOwned>(path: &Path, bytes: &[u8], kind: FileKind) -> Result<T, StorageError> {
+    decode_versioned::<T, T>(path, bytes, kind)
+}
+
+/// Checks the frame and decodes its record: as `T` in the current version, as `V1` (converted) in
+/// version 1. Each frame version has its own arm: when a version changes a record, the older arms
+/// keep decoding the old shape and convert it.
+pub(crate) fn decode_versioned<T: DeserializeOwned, V1: DeserializeOwned + Into<T>>(
+    path: &Path,
+    bytes: &[u8],
+    kind: FileKind,
+) -> Result<T, StorageError> {
     let frame = decode_frame_at(path, bytes, kind)?;
     match frame.version {
-        1 => {
-            let (value, rest) = postcard::take_from_bytes(frame.payload)
-                .map_err(|e| StorageError::Decode { path: path.to_path_buf(), reason: e.to_string() })?;
-            if !rest.is_empty() {
-                return Err(StorageError::Decode {
-                    path: path.to_path_buf(),
-                    reason: format!("{} bytes follow the record", rest.len()),
-                });
-            }
-            Ok(value)
-        }
+        1 => decode_payload::<V1>(path, frame.payload).map(Into::into),
+        2 => decode_payload::<T>(path, frame.payload),
         // `decode_frame_at` returns only versions with an arm here; a version added there without one
         // is reported, not a panic.
         found => Err(StorageError::UnsupportedVersion { path: path.to_path_buf(), found, supported: FORMAT_VERSION }),
     }
+}
+
+fn decode_payload<T: DeserializeOwned>(path: &Path, payload: &[u8]) -> Result<T, StorageError> {
+    let (value, rest) = postcard::take_from_bytes(payload)
+        .map_err(|e| StorageError::Decode { path: path.to_path_buf(), reason: e.to_string() })?;
+    if !rest.is_empty() {
+        return Err(StorageError::Decode {
+            path: path.to_path_buf(),
+            reason: format!("{} bytes follow the record", rest.len()),
+        });
+    }
+    Ok(value)
 }
 
 #[cfg(test)]
@@ -189,7 +208,7 @@ mod tests {
     fn frame_layout_is_pinned() {
         let frame = encode_frame(FileKind::Manifest, b"hi");
         let mut expected = b"CUTL".to_vec();
-        expected.extend_from_slice(&[1, 0, 2, 0, 2, 0, 0, 0, 0, 0, 0, 0, b'h', b'i']);
+        expected.extend_from_slice(&[2, 0, 2, 0, 2, 0, 0, 0, 0, 0, 0, 0, b'h', b'i']);
         expected.extend_from_slice(&crc32fast::hash(&expected).to_le_bytes());
         assert_eq!(frame, expected);
         // The kind numbers are on disk: never renumber them.
@@ -237,14 +256,20 @@ mod tests {
 
     #[test]
     fn future_version_is_rejected_as_unsupported() {
-        for version in [2u16, 7, u16::MAX] {
+        for version in [3u16, 7, u16::MAX] {
             let frame = with_version(encode_frame(FileKind::Manifest, b"x"), version);
             let err = decode_frame(&frame, FileKind::Manifest).unwrap_err();
-            assert!(matches!(err, StorageError::UnsupportedVersion { found, supported: 1, .. } if found == version));
+            assert!(matches!(err, StorageError::UnsupportedVersion { found, supported: 2, .. } if found == version));
             assert!(err.to_string().contains("upgrade cutline"), "{err}");
         }
         let zero = with_version(encode_frame(FileKind::Manifest, b"x"), 0);
         assert!(matches!(decode_frame(&zero, FileKind::Manifest), Err(StorageError::Decode { .. })));
+    }
+
+    #[test]
+    fn version_1_frames_still_read() {
+        let frame = with_version(encode_frame(FileKind::TaskState, b"old"), 1);
+        assert_eq!(decode_frame(&frame, FileKind::TaskState).unwrap(), b"old");
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub use error::StorageError;
 pub use faulty::{FaultPolicy, FaultyStore, StoreOp};
 pub use format::{decode_frame, encode_frame, FileKind, FORMAT_VERSION};
 pub use local::LocalDirStore;
-pub use manifest::{GenerationRecord, JobMeta, Manifest, TaskStateHandle};
+pub use manifest::{GenerationRecord, JobMeta, Manifest, StateFileRef, TaskStateHandle};
 pub use mem::MemStore;
 #[cfg(feature = "s3")]
 pub use object::{RetryLimits, S3Config, S3Store};

@@ -28,6 +28,41 @@ pub struct TaskStateHandle {
     /// CRC32 of the framed file's header and payload, i.e. the checksum its trailer holds. (Not of the
     /// whole file: a CRC over data followed by its own CRC is one constant for all data.)
     pub crc32: u32,
+    /// The files this one builds on, oldest first, when it holds only what changed since an earlier
+    /// checkpoint (an incremental snapshot): its state is theirs with it applied on top, in order.
+    /// Empty for a self-contained file. Each was written by the same operator and subtask for an
+    /// earlier checkpoint; retention keeps them while a retained manifest lists them here, and a
+    /// commit is refused when one of them is gone ([`crate::StorageError::BaseMissing`]).
+    pub base: Vec<StateFileRef>,
+}
+
+impl TaskStateHandle {
+    /// The handle's own file, as a reference another snapshot can build on.
+    pub fn file_ref(&self, checkpoint: CheckpointId) -> StateFileRef {
+        StateFileRef { checkpoint, file: self.file.clone(), size_bytes: self.size_bytes, crc32: self.crc32 }
+    }
+
+    /// Every file the state is read from: the base files, oldest first, then its own.
+    pub fn chain(&self) -> impl Iterator<Item = (&str, u64, u32)> {
+        self.base.iter().map(|b| (b.file.as_str(), b.size_bytes, b.crc32)).chain(std::iter::once((
+            self.file.as_str(),
+            self.size_bytes,
+            self.crc32,
+        )))
+    }
+}
+
+/// A task state file written for an earlier checkpoint, that an incremental snapshot builds on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateFileRef {
+    /// The checkpoint it was written for.
+    pub checkpoint: CheckpointId,
+    /// Path relative to the store root, as in [`TaskStateHandle::file`].
+    pub file: String,
+    /// Size in bytes of the framed file, as in [`TaskStateHandle::size_bytes`].
+    pub size_bytes: u64,
+    /// Checksum, as in [`TaskStateHandle::crc32`].
+    pub crc32: u32,
 }
 
 /// The commit record of one checkpoint: once it is in the store, the checkpoint is complete.
@@ -77,10 +112,16 @@ impl Manifest {
         }
     }
 
-    /// The summed size of the task state files the manifest references (not of the manifest itself),
+    /// The summed size of the task state files this checkpoint wrote (not of the manifest itself,
+    /// nor of the older files incremental snapshots build on: see [`Manifest::full_size_bytes`]),
     /// saturating at `u64::MAX`: the sizes come from a file, which may be damaged or edited.
     pub fn total_size_bytes(&self) -> u64 {
         self.tasks.iter().fold(0u64, |sum, t| sum.saturating_add(t.size_bytes))
+    }
+
+    /// The summed size of every file a restore from this checkpoint reads, base files included.
+    pub fn full_size_bytes(&self) -> u64 {
+        self.tasks.iter().flat_map(|t| t.chain()).fold(0u64, |sum, (_, size, _)| sum.saturating_add(size))
     }
 }
 
@@ -126,4 +167,106 @@ pub struct GenerationRecord {
     pub created_unix_ms: u64,
     /// Free text naming the coordinator (host, pid), for the messages of those it stops.
     pub owner: String,
+}
+
+/// The records whose shape frame version 1 had otherwise, as it wrote them, and their conversion.
+pub(crate) mod v1 {
+    use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};
+    use serde::{Deserialize, Serialize};
+
+    /// A task handle before incremental snapshots: every file self-contained.
+    #[derive(Serialize, Deserialize)]
+    pub(crate) struct TaskStateHandle {
+        pub operator: OperatorId,
+        pub subtask: SubtaskIndex,
+        pub parallelism: u32,
+        pub key_groups: Option<KeyGroupRange>,
+        pub file: String,
+        pub size_bytes: u64,
+        pub crc32: u32,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    pub(crate) struct Manifest {
+        pub format_version: u16,
+        pub job_fingerprint: String,
+        pub checkpoint: CheckpointId,
+        pub generation: Generation,
+        pub created_at_unix_ms: u64,
+        pub is_final: bool,
+        pub tasks: Vec<TaskStateHandle>,
+    }
+
+    impl From<Manifest> for super::Manifest {
+        fn from(m: Manifest) -> super::Manifest {
+            super::Manifest {
+                format_version: m.format_version,
+                job_fingerprint: m.job_fingerprint,
+                checkpoint: m.checkpoint,
+                generation: m.generation,
+                created_at_unix_ms: m.created_at_unix_ms,
+                is_final: m.is_final,
+                tasks: m
+                    .tasks
+                    .into_iter()
+                    .map(|t| super::TaskStateHandle {
+                        operator: t.operator,
+                        subtask: t.subtask,
+                        parallelism: t.parallelism,
+                        key_groups: t.key_groups,
+                        file: t.file,
+                        size_bytes: t.size_bytes,
+                        crc32: t.crc32,
+                        base: Vec::new(),
+                    })
+                    .collect(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{decode_versioned, encode_record, FileKind};
+    use std::path::Path;
+
+    fn stamped(mut frame: Vec<u8>, version: u16) -> Vec<u8> {
+        frame[4..6].copy_from_slice(&version.to_le_bytes());
+        let end = frame.len() - 4;
+        let crc = crc32fast::hash(&frame[..end]);
+        frame[end..].copy_from_slice(&crc.to_le_bytes());
+        frame
+    }
+
+    #[test]
+    fn a_manifest_of_format_version_1_reads_as_self_contained_snapshots() {
+        let old = v1::Manifest {
+            format_version: 1,
+            job_fingerprint: "job".into(),
+            checkpoint: CheckpointId(7),
+            generation: Generation(2),
+            created_at_unix_ms: 5,
+            is_final: false,
+            tasks: vec![v1::TaskStateHandle {
+                operator: OperatorId::new("op"),
+                subtask: SubtaskIndex(1),
+                parallelism: 2,
+                key_groups: None,
+                file: "checkpoints/chk-7/op-1.state".into(),
+                size_bytes: 30,
+                crc32: 9,
+            }],
+        };
+        let frame = stamped(encode_record(FileKind::Manifest, &old), 1);
+        let read = |frame: &[u8]| decode_versioned::<Manifest, v1::Manifest>(Path::new("m"), frame, FileKind::Manifest);
+        let m = read(&frame).unwrap();
+        assert_eq!((m.format_version, m.checkpoint, m.tasks.len()), (1, CheckpointId(7), 1));
+        assert_eq!(
+            (m.tasks[0].file.as_str(), m.tasks[0].size_bytes, m.tasks[0].base.len()),
+            ("checkpoints/chk-7/op-1.state", 30, 0)
+        );
+        // The same bytes under version 2 are another shape: refused, not misread.
+        assert!(read(&stamped(frame, 2)).is_err());
+    }
 }

@@ -57,7 +57,9 @@ pub use cutline_core::coordinator::CheckpointConfig;
 pub use cutline_core::restart::RestartStrategy;
 pub use cutline_core::watermark::{EventTime, WatermarkUpdate};
 pub use cutline_core::{CheckpointId, Generation};
-pub use cutline_storage::{CheckpointStore, GenerationRecord, LocalDirStore, Manifest, MemStore};
+pub use cutline_storage::{
+    CheckpointStore, GenerationRecord, LocalDirStore, Manifest, MemStore, StateFileRef, TaskStateHandle,
+};
 pub use dataflow::{
     ConnectedStreams, EdgeKind, Either, GraphError, Job, JobGraph, JoinedStreams, KeyedProcess, KeyedStream, Output,
     Stream, WatermarkStrategy, Window, WindowedStream, Windows, DEFAULT_BATCH_SIZE, MAX_SPLITS_PER_SUBTASK,

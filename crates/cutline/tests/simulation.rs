@@ -39,6 +39,7 @@ fn run_seeds(name: &str, o: SimOptions, range: std::ops::Range<u64>) {
                 total.savepoints_requested += r.savepoints_requested;
                 total.stopped_with_savepoint += r.stopped_with_savepoint;
                 total.failed_claims += r.failed_claims;
+                total.incremental_cuts += r.incremental_cuts;
             }
             Err(e) => {
                 panic!("{name}: seed {seed} failed: {e}\nreplay: cutline drill --seed {seed} --sim-seeds 1 --runs 0")
@@ -46,13 +47,14 @@ fn run_seeds(name: &str, o: SimOptions, range: std::ops::Range<u64>) {
         }
     }
     eprintln!(
-        "{name}: {n} seeds passed; {failovers} failovers, {crashes} process crashes, {cuts} consistent cuts checked, {late} late writes of older generations; {} in-flight batches in checkpoints, {} switched snapshots, {} retunes, {} stalls, {} savepoints requested, {} stops with a savepoint, {} generation claims failed by storage",
-        total.in_flight_batches, total.switched_snapshots, total.retunes, total.stalls, total.savepoints_requested, total.stopped_with_savepoint, total.failed_claims
+        "{name}: {n} seeds passed; {failovers} failovers, {crashes} process crashes, {cuts} consistent cuts checked, {late} late writes of older generations; {} in-flight batches in checkpoints, {} switched snapshots, {} retunes, {} stalls, {} savepoints requested, {} stops with a savepoint, {} generation claims failed by storage, {} incremental checkpoints checked",
+        total.in_flight_batches, total.switched_snapshots, total.retunes, total.stalls, total.savepoints_requested, total.stopped_with_savepoint, total.failed_claims, total.incremental_cuts
     );
     // The scenario must really exercise recovery, or it proves nothing.
     if n >= 100 {
         assert!(failovers > n / 4 && crashes > n / 10 && cuts > n && late > 0, "{name}: too few failures exercised");
         assert!(total.failed_claims > 0, "{name}: no generation claim ever failed");
+        assert!(total.incremental_cuts > n / 5, "{name}: too few incremental checkpoints checked");
         if o.mode == CheckpointMode::ExactlyOnce && o.alignment != SimAlignment::Aligned {
             assert!(total.in_flight_batches > n, "{name}: too few in-flight records persisted");
         }

@@ -53,6 +53,9 @@ macro_rules! impl_checkpoint_store {
                 let at = (checkpoint, operator, subtask);
                 $crate::store::ops::write_task_state(self, at, parallelism, key_groups, payload)
             }
+            fn read_task_chain(&self, handle: &$crate::TaskStateHandle) -> Result<Vec<Vec<u8>>, $crate::StorageError> {
+                $crate::store::ops::read_task_chain(self, handle)
+            }
             fn read_task_state(&self, handle: &$crate::TaskStateHandle) -> Result<Vec<u8>, $crate::StorageError> {
                 $crate::store::ops::read_task_state(self, handle)
             }

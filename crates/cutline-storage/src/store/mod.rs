@@ -100,6 +100,11 @@ pub trait CheckpointStore: Send + Sync {
     /// is damaged: all corruption.
     fn read_task_state(&self, handle: &TaskStateHandle) -> Result<Vec<u8>, StorageError>;
 
+    /// Reads every file of `handle`'s chain, the files it builds on
+    /// ([`TaskStateHandle::base`]) oldest first and its own last, checking each as
+    /// [`CheckpointStore::read_task_state`] does. For a self-contained snapshot: one payload.
+    fn read_task_chain(&self, handle: &TaskStateHandle) -> Result<Vec<Vec<u8>>, StorageError>;
+
     /// The commit point of a checkpoint: durably and atomically writes its manifest, never replacing
     /// one ([`StorageError::ManifestExists`], also when a concurrent commit of the same id won).
     /// It does not check fencing: the coordinator calls [`CheckpointStore::check_not_fenced`] around
@@ -108,7 +113,9 @@ pub trait CheckpointStore: Send + Sync {
     /// Panics (a bug of the caller) if the manifest was not built with [`Manifest::new`] (another
     /// `format_version`), or if a referenced task file is missing or has another size than recorded:
     /// manifests are only built from acknowledged writes. [`StorageError::InvalidPath`] if a handle
-    /// names a path outside the store.
+    /// names a path outside the store. [`StorageError::BaseMissing`] if a file an incremental
+    /// snapshot builds on is gone (retention removed it after the snapshot was taken) or is not of
+    /// an older checkpoint.
     fn commit_manifest(&self, manifest: &Manifest) -> Result<(), StorageError>;
 
     /// Every checkpoint directory, complete or not, sorted by id. Unrelated entries are ignored. A

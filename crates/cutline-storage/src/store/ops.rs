@@ -10,7 +10,7 @@ use super::layout::{
 };
 use super::{CheckpointListing, GcReport};
 use crate::error::StorageError;
-use crate::format::{decode_frame_at, decode_record, encode_frame, encode_record, FileKind};
+use crate::format::{decode_frame_at, decode_record, decode_versioned, encode_frame, encode_record, FileKind};
 use crate::manifest::{JobMeta, Manifest, TaskStateHandle};
 use crate::FORMAT_VERSION;
 use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};
@@ -48,21 +48,35 @@ pub fn write_task_state<F: Files>(
         file,
         size_bytes: framed.len() as u64,
         crc32: content_crc(&framed),
+        base: Vec::new(),
     })
 }
 
 pub fn read_task_state<F: Files>(fs: &F, handle: &TaskStateHandle) -> Result<Vec<u8>, StorageError> {
-    validate_file_ref(&handle.file)?;
-    let path = fs.display_path(&handle.file);
-    let bytes = fs.read(&handle.file)?.ok_or_else(|| StorageError::NotFound {
+    read_state_file(fs, handle, (&handle.file, handle.size_bytes, handle.crc32))
+}
+
+pub fn read_task_chain<F: Files>(fs: &F, handle: &TaskStateHandle) -> Result<Vec<Vec<u8>>, StorageError> {
+    handle.chain().map(|file| read_state_file(fs, handle, file)).collect()
+}
+
+/// One file of `handle`'s chain, checked against the size and checksum recorded for it.
+fn read_state_file<F: Files>(
+    fs: &F,
+    handle: &TaskStateHandle,
+    (file, size_bytes, crc32): (&str, u64, u32),
+) -> Result<Vec<u8>, StorageError> {
+    validate_file_ref(file)?;
+    let path = fs.display_path(file);
+    let bytes = fs.read(file)?.ok_or_else(|| StorageError::NotFound {
         what: format!("state of operator {} subtask {} ({})", handle.operator, handle.subtask.0, path.display()),
     })?;
-    if bytes.len() as u64 != handle.size_bytes {
-        return Err(StorageError::SizeMismatch { path, expected: handle.size_bytes, actual: bytes.len() as u64 });
+    if bytes.len() as u64 != size_bytes {
+        return Err(StorageError::SizeMismatch { path, expected: size_bytes, actual: bytes.len() as u64 });
     }
     let actual = content_crc(&bytes);
-    if actual != handle.crc32 {
-        return Err(StorageError::ChecksumMismatch { path, expected: handle.crc32, actual });
+    if actual != crc32 {
+        return Err(StorageError::ChecksumMismatch { path, expected: crc32, actual });
     }
     Ok(decode_frame_at(&path, &bytes, FileKind::TaskState)?.payload.to_vec())
 }
@@ -90,6 +104,15 @@ pub fn commit_manifest<F: Files>(fs: &F, manifest: &Manifest) -> Result<(), Stor
             task.file,
             task.size_bytes,
         );
+        // Base files were written and acknowledged for older checkpoints, and retention may have
+        // removed them since: refused, not a panic. (Retention and commits run on one thread, so a
+        // base found here stays: once committed, this manifest is retained and keeps it.)
+        for base in &task.base {
+            validate_file_ref(&base.file)?;
+            if base.checkpoint >= id || fs.size(&base.file)? != Some(base.size_bytes) {
+                return Err(StorageError::BaseMissing { checkpoint: id, file: base.file.clone() });
+            }
+        }
     }
     let framed = encode_record(FileKind::Manifest, manifest);
     if fs.put_new(&manifest_path(id), &framed)? {
@@ -150,7 +173,8 @@ fn decode_manifest<F: Files>(fs: &F, id: CheckpointId) -> Result<Manifest, Stora
     let bytes = fs
         .read(&rel)?
         .ok_or_else(|| StorageError::NotFound { what: format!("manifest of {id} ({})", path.display()) })?;
-    let manifest: Manifest = decode_record(&path, &bytes, FileKind::Manifest)?;
+    let manifest: Manifest =
+        decode_versioned::<Manifest, crate::manifest::v1::Manifest>(&path, &bytes, FileKind::Manifest)?;
     if manifest.format_version > FORMAT_VERSION {
         return Err(StorageError::UnsupportedVersion {
             path,
@@ -180,7 +204,7 @@ pub fn verify<F: Files>(fs: &F, id: CheckpointId) -> Result<Manifest, StorageErr
         return Err(StorageError::Fenced { checkpoint: id, generation: manifest.generation, by });
     }
     for task in &manifest.tasks {
-        read_task_state(fs, task)?;
+        read_task_chain(fs, task)?;
     }
     Ok(manifest)
 }
@@ -269,7 +293,9 @@ fn referenced_files<F: Files>(fs: &F, ids: &[CheckpointId]) -> Result<Referenced
         match read_manifest(fs, *id) {
             Ok(m) => {
                 out.min_generation = Some(out.min_generation.map_or(m.generation, |g| g.min(m.generation)));
-                out.files.extend(m.tasks.into_iter().map(|t| t.file));
+                for t in &m.tasks {
+                    out.files.extend(t.chain().map(|(file, _, _)| file.to_string()));
+                }
             }
             Err(e) if e.is_corruption() => {
                 out.any_damaged = true;

@@ -1,10 +1,11 @@
 //! Retention against a model: random histories of complete checkpoints (some reusing files of older
-//! ones, as incremental checkpoints will), abandoned and in-flight attempts, and crash leftovers. How
-//! many and how long is the store's [`Budget`].
+//! ones, some incremental: files on top of an older checkpoint's chain), abandoned and in-flight
+//! attempts (whose base retention may remove before they commit), and crash leftovers. How many and
+//! how long is the store's [`Budget`].
 
 use super::{dir_of, manifest, manifest_path, Budget, Harness};
 use cutline_core::{CheckpointId, OperatorId, SubtaskIndex};
-use cutline_storage::{CheckpointStore, Manifest, TaskStateHandle};
+use cutline_storage::{CheckpointStore, Manifest, StorageError, TaskStateHandle};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// xorshift64: deterministic and good enough to pick histories.
@@ -57,6 +58,13 @@ impl Model {
         let id = self.next_id;
         self.next_id += 1;
         let fate = self.rng.below(10);
+        // Incremental: new files on top of the chains of a complete checkpoint.
+        let on_top_of = if !self.live.is_empty() && self.rng.percent(40) {
+            let pick = self.rng.below(self.live.len() as u64) as usize;
+            self.live.iter().nth(pick).map(|(id, m)| (*id, m.clone()))
+        } else {
+            None
+        };
         let mut tasks = Vec::new();
         for &op in self.budget.gc_operators {
             for sub in 0..SUBTASKS {
@@ -73,7 +81,17 @@ impl Model {
                     .and_then(|m| m.tasks.iter().find(|t| t.operator.as_str() == op && t.subtask.0 == sub).cloned());
                 tasks.push(match reused {
                     Some(handle) => handle,
-                    None => self.write(s, id, op, sub),
+                    None => {
+                        let mut handle = self.write(s, id, op, sub);
+                        let under = on_top_of.as_ref().and_then(|(bid, m)| {
+                            m.tasks.iter().find(|t| t.operator.as_str() == op && t.subtask.0 == sub).map(|t| (*bid, t))
+                        });
+                        if let Some((bid, t)) = under {
+                            handle.base = t.base.clone();
+                            handle.base.push(t.file_ref(CheckpointId(bid)));
+                        }
+                        handle
+                    }
                 });
             }
         }
@@ -102,8 +120,18 @@ impl Model {
                 0 => {
                     let tasks = self.in_flight.remove(&id).unwrap();
                     let m = manifest(id, tasks);
-                    h.store().commit_manifest(&m).unwrap();
-                    self.live.insert(id, m);
+                    match h.store().commit_manifest(&m) {
+                        Ok(()) => {
+                            self.live.insert(id, m);
+                        }
+                        // Retention removed a file it builds on since it was written: refused, and
+                        // only then.
+                        Err(StorageError::BaseMissing { file, .. }) => {
+                            assert!(h.get_raw(&file).is_none(), "{}: {file} is there", h.name());
+                            assert!(m.tasks.iter().any(|t| t.base.iter().any(|b| b.file == file)));
+                        }
+                        Err(e) => panic!("{}: committing {id}: {e}", h.name()),
+                    }
                 }
                 1 => {
                     self.in_flight.remove(&id);
@@ -137,7 +165,9 @@ fn check_gc(h: &dyn Harness, model: &mut Model, retain: usize) {
         expected.insert(manifest_path(*id));
         for t in &m.tasks {
             assert_eq!(s.read_task_state(t).unwrap(), model.payloads[&t.file]);
-            expected.insert(t.file.clone());
+            let chain: Vec<Vec<u8>> = t.chain().map(|(f, _, _)| model.payloads[f].clone()).collect();
+            assert_eq!(s.read_task_chain(t).unwrap(), chain);
+            expected.extend(t.chain().map(|(f, _, _)| f.to_string()));
         }
     }
     // In-flight attempts are untouched.

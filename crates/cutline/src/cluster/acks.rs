@@ -310,6 +310,7 @@ mod tests {
                 file: format!("checkpoints/chk-{c:020}/op-{task}.state"),
                 size_bytes: 100 + task as u64,
                 crc32: task * 7 + c as u32,
+                base: Vec::new(),
             },
             timings: SnapshotTimings::default(),
             persist_ms: 1,

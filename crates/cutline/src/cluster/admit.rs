@@ -224,6 +224,7 @@ mod tests {
                 batch_size: 1,
                 max_channel_state_bytes: 1,
                 snapshot_writers: 1,
+                incremental_checkpoints: true,
                 max_frame_bytes: 1 << 20,
             },
         }

@@ -141,6 +141,7 @@ impl ClusterBackend {
             batch_size: cfg.batch_size as u32,
             max_channel_state_bytes: cfg.max_channel_state_bytes,
             snapshot_writers: cfg.snapshot_writers as u32,
+            incremental_checkpoints: cfg.incremental_checkpoints,
             max_frame_bytes: cluster.max_frame_bytes,
         };
         let job = JobInfo {

@@ -49,6 +49,7 @@ pub(crate) struct WorkerSettings {
     pub batch_size: u32,
     pub max_channel_state_bytes: u64,
     pub snapshot_writers: u32,
+    pub incremental_checkpoints: bool,
     pub max_frame_bytes: u32,
 }
 

@@ -253,7 +253,7 @@ fn deploy_here(
     let spawned = spawn_tasks(
         &mut threads,
         graph,
-        settings.snapshot_writers as usize,
+        (settings.snapshot_writers as usize, settings.incremental_checkpoints),
         store,
         faults,
         placed.tasks,

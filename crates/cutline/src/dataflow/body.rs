@@ -221,7 +221,7 @@ struct LegacyChannelState {
 }
 
 impl StateImage for ChannelState {
-    fn encode(self: Box<Self>) -> Result<ElementState, String> {
+    fn encode(self: Box<Self>, _incremental: bool) -> Result<ElementState, String> {
         postcard::to_allocvec(&*self).map(ElementState::Plain).map_err(|e| format!("encoding channel state: {e}"))
     }
 }

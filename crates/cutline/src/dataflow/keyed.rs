@@ -7,7 +7,7 @@ use super::emit::{delegate_lifecycle, Emit, Pending};
 use super::timers::{processing_time, restore_event_time, TimeDomain, TimerCmd, Timers};
 use crate::error::TaskError;
 use crate::state::{
-    encode_plain, CowMap, ElementState, Evolve, Frozen, Migration, PlainImage, StateImage, StateSchema,
+    encode_plain, CowMap, ElementState, Evolve, Frozen, KeyedLayer, Migration, PlainImage, StateImage, StateSchema,
 };
 use crate::state::{key_group_of_hash, stable_hash, Key, RestoreIndex, SnapshotBuilder, StateValue};
 use cutline_core::barrier::Barrier;
@@ -211,29 +211,48 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp
                 old.type_name, now.type_name
             ))
         };
-        for (kg, mut blob) in index.keyed(&self.uid, self.range, self.max_parallelism)? {
-            while !blob.is_empty() {
-                let ((k, v), rest): ((K, S), &[u8]) = match (&evolve, &recorded, migration) {
-                    (_, _, Some(m)) => m
-                        .take(blob)
-                        .map_err(|e| err(format!("reading state as `{}` to migrate it: {e}", m.from.type_name)))?,
-                    (Some(ev), Some(old), None) => ev.take(blob).map_err(|e| changed(old, e))?,
-                    _ => postcard::take_from_bytes(blob).map_err(|e| err(format!("decoding keyed state: {e}")))?,
-                };
-                let actual = key_group_of_hash(stable_hash(&k), self.max_parallelism);
-                // Checked after reading back: a key filed under another group means the key type or its
-                // hashing changed since the checkpoint; restoring it would put state where no record finds it.
-                if actual != kg || !self.range.contains(cutline_core::KeyGroup(kg)) {
-                    return Err(err(format!(
-                        "a restored key filed under key group {kg} hashes to group {actual}: the key type or its Hash changed since the checkpoint; keep the key type, or give the operator a new id to start it empty"
-                    )));
-                }
-                if self.state.insert(k, Some(v)).is_some() {
+        let take_pair = |blob: &[u8]| -> Result<((K, S), usize), TaskError> {
+            let (pair, rest): ((K, S), &[u8]) = match (&evolve, &recorded, migration) {
+                (_, _, Some(m)) => m
+                    .take(blob)
+                    .map_err(|e| err(format!("reading state as `{}` to migrate it: {e}", m.from.type_name)))?,
+                (Some(ev), Some(old), None) => ev.take(blob).map_err(|e| changed(old, e))?,
+                _ => postcard::take_from_bytes(blob).map_err(|e| err(format!("decoding keyed state: {e}")))?,
+            };
+            Ok((pair, blob.len() - rest.len()))
+        };
+        // Checked after reading back: a key filed under another group means the key type or its
+        // hashing changed since the checkpoint; restoring it would put state where no record finds it.
+        let check_group = |k: &K, kg: u32| {
+            let actual = key_group_of_hash(stable_hash(k), self.max_parallelism);
+            if actual != kg || !self.range.contains(cutline_core::KeyGroup(kg)) {
+                return Err(err(format!(
+                    "a restored key filed under key group {kg} hashes to group {actual}: the key type or its Hash changed since the checkpoint; keep the key type, or give the operator a new id to start it empty"
+                )));
+            }
+            Ok(())
+        };
+        for (kg, layer) in index.keyed(&self.uid, self.range, self.max_parallelism)? {
+            let (mut removes, mut upserts, whole) = match layer {
+                KeyedLayer::Whole(b) => (&[][..], b, true),
+                KeyedLayer::Delta { removes, upserts } => (removes, upserts, false),
+            };
+            while !removes.is_empty() {
+                let (k, rest): (K, &[u8]) =
+                    postcard::take_from_bytes(removes).map_err(|e| err(format!("decoding a removed key: {e}")))?;
+                check_group(&k, kg)?;
+                self.state.remove(&k);
+                removes = rest;
+            }
+            while !upserts.is_empty() {
+                let ((k, v), used) = take_pair(upserts)?;
+                check_group(&k, kg)?;
+                if self.state.insert(k, Some(v)).is_some() && whole {
                     return Err(err(format!(
                         "a key is stored twice in key group {kg}: the checkpoint is inconsistent"
                     )));
                 }
-                blob = rest;
+                upserts = &upserts[used..];
             }
         }
         self.timers.restore(index, &timers_uid(&self.uid))?;
@@ -358,15 +377,15 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> Emit<T> for Ke
 
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
         snap.page_copies += self.state.take_copies() + self.timers.take_copies() + self.processing_timers.take_copies();
-        let image = KeyedImage { uid: self.uid.clone(), frozen: self.state.freeze() };
+        let image = KeyedImage { uid: self.uid.clone(), frozen: self.state.freeze(b.checkpoint, snap.base) };
         snap.add(&self.uid, Box::new(image));
         snap.add(&schema_uid(&self.uid), Box::new(PlainImage(self.schema.1.clone())));
         if self.timers.len() > 0 {
-            snap.add(&timers_uid(&self.uid), self.timers.image(&self.uid));
+            snap.add(&timers_uid(&self.uid), self.timers.image(&self.uid, b.checkpoint, snap.base));
         }
         if self.processing_timers.len() > 0 {
             let uid = processing_timers_uid(&self.uid);
-            let image = self.processing_timers.image(&uid);
+            let image = self.processing_timers.image(&uid, b.checkpoint, snap.base);
             snap.add(&uid, image);
         }
         if self.watermark != EventTime::MIN {
@@ -411,7 +430,7 @@ struct KeyedImage<K, S> {
 }
 
 impl<K: Key, S: StateValue> StateImage for KeyedImage<K, S> {
-    fn encode(self: Box<Self>) -> Result<ElementState, String> {
-        self.frozen.encode(&self.uid, Option::as_ref)
+    fn encode(self: Box<Self>, incremental: bool) -> Result<ElementState, String> {
+        self.frozen.encode(&self.uid, Option::as_ref, incremental)
     }
 }

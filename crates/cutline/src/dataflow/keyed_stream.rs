@@ -85,7 +85,7 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 uid: uid.clone(),
                 key_fn: key.clone(),
                 f: f.clone(),
-                state: CowMap::new(range, ctx.max_parallelism),
+                state: CowMap::incremental(range, ctx.max_parallelism),
                 range,
                 max_parallelism: ctx.max_parallelism,
                 next: tail,

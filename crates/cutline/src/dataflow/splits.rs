@@ -202,7 +202,12 @@ mod tests {
         let mut index = RestoreIndex::default();
         let part = |subtask: u32, times: &[(u64, i64)]| {
             let times: Vec<(SplitId, EventTime)> = times.iter().map(|&(s, ms)| (SplitId(s), t(ms))).collect();
-            RestoredPart { subtask, parallelism: 2, state: ElementState::Plain(postcard::to_allocvec(&times).unwrap()) }
+            RestoredPart {
+                subtask,
+                parallelism: 2,
+                state: ElementState::Plain(postcard::to_allocvec(&times).unwrap()),
+                deltas: vec![],
+            }
         };
         index.elements.insert(splits_uid("wm"), vec![part(0, &[(1, 10), (2, 50)]), part(1, &[(2, 40), (3, 7)])]);
         let got = restore_splits(&index, "wm").unwrap();
@@ -210,7 +215,7 @@ mod tests {
         assert!(restore_splits(&index, "other").unwrap().is_empty());
         index.elements.insert(
             splits_uid("bad"),
-            vec![RestoredPart { subtask: 0, parallelism: 1, state: ElementState::Plain(vec![0xff]) }],
+            vec![RestoredPart { subtask: 0, parallelism: 1, state: ElementState::Plain(vec![0xff]), deltas: vec![] }],
         );
         let e = restore_splits(&index, "bad").unwrap_err();
         assert!(e.to_string().contains("decoding split times"), "{e}");

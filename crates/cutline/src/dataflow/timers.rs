@@ -3,9 +3,11 @@
 //! when a job is rescaled) and restored with the keyed state.
 
 use crate::error::TaskError;
-use crate::state::{key_group_of_hash, stable_hash, CowMap, ElementState, Frozen, Key, RestoreIndex, StateImage};
+use crate::state::{
+    key_group_of_hash, stable_hash, CowMap, ElementState, Frozen, Key, KeyedLayer, RestoreIndex, StateImage,
+};
 use cutline_core::watermark::EventTime;
-use cutline_core::{KeyGroup, KeyGroupRange};
+use cutline_core::{CheckpointId, KeyGroup, KeyGroupRange};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What a process function asked of the timers of the key it ran for (applied after it returns).
@@ -90,7 +92,7 @@ pub(crate) struct Timers<K> {
 impl<K: Key> Timers<K> {
     /// No timers, for the key groups `range` of `max_parallelism`.
     pub fn new(range: KeyGroupRange, max_parallelism: u32) -> Self {
-        Timers { by_key: CowMap::new(range, max_parallelism), queue: BTreeMap::new(), pending: 0 }
+        Timers { by_key: CowMap::incremental(range, max_parallelism), queue: BTreeMap::new(), pending: 0 }
     }
 
     /// Pages of `by_key` copied since the last call (see [`CowMap::take_copies`]).
@@ -177,26 +179,54 @@ impl<K: Key> Timers<K> {
         }
     }
 
-    /// The timers as they are at a barrier, shared with the snapshot (in time that does not grow
-    /// with the timers pending).
-    pub fn image(&mut self, uid: &str) -> Box<dyn StateImage> {
-        Box::new(TimersImage { uid: uid.to_string(), frozen: self.by_key.freeze() })
+    /// The timers as they are at the barrier of `checkpoint`, shared with the snapshot (in time that
+    /// does not grow with the timers pending); incremental on top of `base` if the writer allows.
+    pub fn image(&mut self, uid: &str, checkpoint: CheckpointId, base: Option<CheckpointId>) -> Box<dyn StateImage> {
+        Box::new(TimersImage { uid: uid.to_string(), frozen: self.by_key.freeze(checkpoint, base) })
+    }
+
+    /// Drop every timer of `key` (its queue entries go stale: `pop_due` skips them).
+    fn clear(&mut self, key: &K) {
+        if let Some(times) = self.by_key.remove(key) {
+            self.pending -= match times {
+                Times::One(_) => 1,
+                Times::Many(set) => set.len(),
+            };
+        }
     }
 
     /// Load the timers of this subtask's key groups from a checkpoint.
     pub fn restore(&mut self, index: &RestoreIndex, uid: &str) -> Result<(), TaskError> {
         let (range, max_parallelism) = (self.by_key.range(), self.by_key.max_parallelism());
         let err = |m: String| TaskError::State { uid: uid.to_string(), message: m };
-        for (kg, mut blob) in index.keyed(uid, range, max_parallelism)? {
+        let check = |k: &K, kg: u32| {
+            let actual = key_group_of_hash(stable_hash(k), max_parallelism);
+            if actual != kg || !range.contains(KeyGroup(kg)) {
+                return Err(err(format!(
+                    "a timer's key filed under key group {kg} hashes to group {actual}: the key type or its Hash changed since the checkpoint"
+                )));
+            }
+            Ok(())
+        };
+        // Layers in order: a whole state, then what changed on top (the keys whose timers changed
+        // have all their timers in it; removed keys have none left).
+        for (kg, layer) in index.keyed(uid, range, max_parallelism)? {
+            let (mut removes, mut blob) = match layer {
+                KeyedLayer::Whole(blob) => (&[][..], blob),
+                KeyedLayer::Delta { removes, upserts } => (removes, upserts),
+            };
+            while !removes.is_empty() {
+                let (k, rest): (K, &[u8]) =
+                    postcard::take_from_bytes(removes).map_err(|e| err(format!("decoding a timer's key: {e}")))?;
+                check(&k, kg)?;
+                self.clear(&k);
+                removes = rest;
+            }
             while !blob.is_empty() {
                 let ((k, times), rest): ((K, BTreeSet<EventTime>), &[u8]) =
                     postcard::take_from_bytes(blob).map_err(|e| err(format!("decoding timers: {e}")))?;
-                let actual = key_group_of_hash(stable_hash(&k), max_parallelism);
-                if actual != kg || !range.contains(KeyGroup(kg)) {
-                    return Err(err(format!(
-                        "a timer's key filed under key group {kg} hashes to group {actual}: the key type or its Hash changed since the checkpoint"
-                    )));
-                }
+                check(&k, kg)?;
+                self.clear(&k);
                 for t in times {
                     self.apply(&k, TimerCmd::Set(t));
                 }
@@ -240,8 +270,8 @@ struct TimersImage<K> {
 }
 
 impl<K: Key> StateImage for TimersImage<K> {
-    fn encode(self: Box<Self>) -> Result<ElementState, String> {
-        self.frozen.encode(&self.uid, |v| Some(v))
+    fn encode(self: Box<Self>, incremental: bool) -> Result<ElementState, String> {
+        self.frozen.encode(&self.uid, |v| Some(v), incremental)
     }
 }
 

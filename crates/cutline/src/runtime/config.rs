@@ -42,6 +42,10 @@ pub struct RunConfig {
     pub batch_size: usize,
     /// Snapshot writer threads (default 1).
     pub snapshot_writers: usize,
+    /// Incremental checkpoints (default on): a task's snapshot holds only the keyed state that
+    /// changed since its latest complete checkpoint, on top of that checkpoint's files, which later
+    /// manifests then share. Off: every snapshot holds all state. Savepoints are always whole.
+    pub incremental_checkpoints: bool,
     /// Failure injection (drills, tests; feature `testing`); none by default.
     #[cfg(feature = "testing")]
     pub faults: Faults,
@@ -88,6 +92,7 @@ impl RunConfig {
             channel_capacity: DEFAULT_CHANNEL_CAPACITY,
             batch_size: crate::dataflow::DEFAULT_BATCH_SIZE,
             snapshot_writers: 1,
+            incremental_checkpoints: true,
             #[cfg(feature = "testing")]
             faults: Faults::none(),
             tick_ms: DEFAULT_TICK_MS,

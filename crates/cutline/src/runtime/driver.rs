@@ -6,6 +6,7 @@
 //! the simulation from its single seeded loop. Only the [`ControlPlane`] (how a control message reaches
 //! a task) differs between them.
 
+use super::chains::{Chains, Plan};
 use super::error::RunError;
 use super::report::{AckReport, CheckpointSummary};
 use super::run::own;
@@ -60,19 +61,29 @@ pub(crate) struct SnapshotJob {
 
 /// Encode and durably write one task's snapshot; the ack (or decline) for the coordinator.
 /// `since_capture` is the time in microseconds since the task captured the state, as the caller
-/// measures it.
+/// measures it. Incremental (only what changed since the task's base checkpoint, on top of its
+/// files) when `incremental`, the snapshot is not a savepoint's (those stay self-contained) nor the
+/// final one, and `chains` allows it.
 pub(crate) fn write_snapshot(
     store: &dyn CheckpointStore,
     faults: &Faults,
+    (chains, incremental): (&Chains, bool),
     job: SnapshotJob,
     since_capture: impl FnOnce() -> u64,
 ) -> Event<AckReport> {
     let (mut encode_us, mut write_us) = (0, 0);
     let m = &job.meta;
+    let (task, checkpoint, base) = (job.task, job.barrier.checkpoint, job.snap.base);
+    // Savepoints stay self-contained; a final checkpoint is whole so that the job's last commit
+    // never waits on files retention may be removing.
+    let plan = match incremental && !job.barrier.kind.is_savepoint() && !job.barrier.kind.ends_input() {
+        true => chains.plan(task, base),
+        false => Plan::Whole,
+    };
     let result = (|| -> Result<TaskStateHandle, String> {
         faults.check(FaultPoint::SnapshotWrite).map_err(|e| e.to_string())?;
         let t = Instant::now();
-        let payload = job.snap.encode()?;
+        let (payload, delta) = job.snap.encode(plan != Plan::Whole)?;
         encode_us = t.elapsed().as_micros() as u64;
         let t = Instant::now();
         let r = store
@@ -86,7 +97,12 @@ pub(crate) fn write_snapshot(
             )
             .map_err(|e| e.to_string());
         write_us = t.elapsed().as_micros() as u64;
-        r
+        let mut handle = r?;
+        if let (true, Plan::OnTopOf(files)) = (delta, plan) {
+            handle.base = files;
+        }
+        chains.record(task, checkpoint, base, &handle);
+        Ok(handle)
     })();
     match result {
         Ok(handle) => Event::Acked {

@@ -1,6 +1,7 @@
 //! Tasks as threads of this process ([`LocalBackend`]): one thread per task, a small pool of snapshot
 //! writers, and the loop every task thread runs.
 
+use super::chains::Chains;
 use super::config::{RunConfig, SNAPSHOT_QUEUE_CAPACITY};
 use super::deploy::{deploy, DeployOptions, DeployedTask};
 use super::driver::{task_metas, write_snapshot, SnapshotJob, TaskMeta};
@@ -112,6 +113,7 @@ fn writer_loop(
     events: Sender<RtEvent>,
     store: Arc<dyn CheckpointStore>,
     faults: Faults,
+    (chains, incremental): (Arc<Chains>, bool),
     torn_down: Arc<AtomicBool>,
 ) {
     for (job, captured) in rx {
@@ -123,7 +125,7 @@ fn writer_loop(
         let (generation, checkpoint, task) = (job.generation, job.barrier.checkpoint, job.task);
         // A panic while encoding (a user type's Serialize) declines this checkpoint; the writer lives on.
         let ev = catch_unwind(AssertUnwindSafe(|| {
-            write_snapshot(&*store, &faults, job, || captured.elapsed().as_micros() as u64)
+            write_snapshot(&*store, &faults, (&chains, incremental), job, || captured.elapsed().as_micros() as u64)
         }))
         .unwrap_or_else(|p| Event::Declined {
             generation,
@@ -155,7 +157,7 @@ pub(crate) type SpawnedTask = (Arc<TaskMetrics>, Vec<ChannelProbe>);
 pub(crate) fn spawn_tasks(
     threads: &mut GenerationThreads,
     graph: &JobGraph,
-    cfg_writers: usize,
+    (cfg_writers, incremental): (usize, bool),
     store: &Arc<dyn CheckpointStore>,
     faults: &Faults,
     deployed: Vec<DeployedTask>,
@@ -165,7 +167,9 @@ pub(crate) fn spawn_tasks(
 ) -> Result<Vec<SpawnedTask>, RunError> {
     let (wr_tx, wr_rx) = crossbeam_channel::bounded::<(SnapshotJob, Instant)>(SNAPSHOT_QUEUE_CAPACITY);
     let metas: Arc<Vec<TaskMeta>> = Arc::new(task_metas(graph));
+    let chains = Arc::new(Chains::default());
     for w in 0..cfg_writers {
+        let chains = chains.clone();
         let rx = wr_rx.clone();
         let ev = events.clone();
         let store = store.clone();
@@ -174,7 +178,7 @@ pub(crate) fn spawn_tasks(
         threads.writers.push(
             std::thread::Builder::new()
                 .name(format!("cutline-writer-{w}"))
-                .spawn(move || writer_loop(rx, ev, store, faults, torn_down))
+                .spawn(move || writer_loop(rx, ev, store, faults, (chains, incremental), torn_down))
                 .map_err(RunError::Spawn)?,
         );
     }
@@ -249,7 +253,7 @@ impl Backend for LocalBackend {
         let spawned = spawn_tasks(
             &mut self.threads,
             graph,
-            cfg.snapshot_writers,
+            (cfg.snapshot_writers, cfg.incremental_checkpoints),
             &cfg.store,
             &cfg.faults(),
             deployed,

@@ -8,6 +8,7 @@
 //! `cutline-core` decide; this layer moves messages, bytes and threads, and the cluster runtime and the
 //! simulation drive the same code through the `Backend` and `ControlPlane` seams.
 
+pub(crate) mod chains;
 mod config;
 pub(crate) mod control;
 pub(crate) mod deploy;

@@ -40,11 +40,24 @@ pub(crate) fn export(
     assert_eq!(manifest.checkpoint, id);
     let mut tasks = Vec::with_capacity(manifest.tasks.len());
     for h in &manifest.tasks {
-        let payload = from.read_task_state(h).map_err(|e| e.to_string())?;
-        let copy = target
-            .write_task_state(id, &h.operator, h.subtask, h.parallelism, h.key_groups, &payload)
-            .map_err(|e| e.to_string())?;
-        tasks.push(copy);
+        // An incremental snapshot is copied with the files it builds on, each into the directory
+        // of its own checkpoint: the savepoint shares no file with the job's store.
+        let payloads = from.read_task_chain(h).map_err(|e| e.to_string())?;
+        let ids = h.base.iter().map(|b| b.checkpoint).chain(std::iter::once(id));
+        let mut base = Vec::with_capacity(h.base.len());
+        let mut copy = None;
+        for (at, payload) in ids.zip(&payloads) {
+            let mut written = target
+                .write_task_state(at, &h.operator, h.subtask, h.parallelism, h.key_groups, payload)
+                .map_err(|e| e.to_string())?;
+            if at == id {
+                written.base = std::mem::take(&mut base);
+                copy = Some(written);
+            } else {
+                base.push(written.file_ref(at));
+            }
+        }
+        tasks.push(copy.expect("a chain ends with the handle's own file"));
     }
     let copy = Manifest::new(fingerprint, id, manifest.generation, manifest.created_at_unix_ms, false, tasks);
     let bytes = copy.total_size_bytes();

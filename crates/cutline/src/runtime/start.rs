@@ -55,9 +55,9 @@ pub(crate) fn load_checkpoint(
     }
     let mut index = RestoreIndex { checkpoint: Some(id), input_ended: manifest.is_final, ..Default::default() };
     for h in &manifest.tasks {
-        let payload = store.read_task_state(h)?;
+        let chain = store.read_task_chain(h)?;
         index
-            .add_task_payload(h.subtask.0, h.parallelism, &payload)
+            .add_task_chain(h.subtask.0, h.parallelism, &chain)
             .map_err(|reason| RunError::Restore { checkpoint: id, reason })?;
     }
     let known: std::collections::BTreeSet<String> = graph.state_uids().into_iter().collect();

@@ -502,7 +502,7 @@ impl Task {
             // this, the last, checkpoint.
             self.body.on_input_end()?;
         }
-        let mut snap = SnapshotBuilder::default();
+        let mut snap = SnapshotBuilder { base: self.last_completed, ..Default::default() };
         let started_us = env.now_us();
         let mut timings = timings;
         timings.snapshot_at_us = started_us.saturating_sub(b.triggered_at.0.saturating_mul(1000));

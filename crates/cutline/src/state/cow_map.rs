@@ -6,12 +6,18 @@
 //!
 //! One table, not one per key group: many small tables cost a third of the keyed benchmark's
 //! throughput (more cache and TLB misses per lookup) when measured against one large table.
+//!
+//! Incremental snapshots: every slot has a stamp, the epoch it was last written in (an epoch ends at
+//! each freeze), and an incremental map logs the keys it removes, so that a snapshot can hold only
+//! what changed since an earlier one ([`Frozen::since`]): entries stamped after that freeze, and the
+//! keys removed since. A key read for writing counts as changed. Stamps are kept beside the slots,
+//! not in them: a stamp in the slot made a 32-byte slot 40 and the keyed benchmark 25 % slower; a
+//! separate array costs one store per write.
 
-use super::hash::{key_group_of_hash, stable_hash};
-use super::snapshot::ElementState;
+pub(crate) use super::frozen::Frozen;
+use super::hash::stable_hash;
 use super::Key;
-use cutline_core::{KeyGroup, KeyGroupRange};
-use serde::Serialize;
+use cutline_core::{CheckpointId, KeyGroupRange};
 use std::sync::Arc;
 
 /// Bytes of a full page (the unit of copy-on-write): one transparent huge page, so that a lookup
@@ -33,7 +39,26 @@ const MAX_LOAD_DEN: usize = 8;
 const MIN_SLOTS: usize = 16;
 
 type Slot<K, V> = Option<(K, V)>;
-type Page<K, V> = Arc<PageBuf<K, V>>;
+
+/// Counts freezes of one map: writes between two freezes carry the same epoch.
+pub(super) type Epoch = u32;
+
+/// What a slot keeps of the epoch it was last written in: its low byte. The age of a write,
+/// `(epoch now - stamp) mod 256`, is exact for writes of the last 255 epochs; an older one may look
+/// younger (and be written again by an incremental snapshot: harmless), never older, and a base is
+/// at most [`FREEZES_KEPT`] epochs old. One byte per slot: the stamps of a million-key table fit in
+/// the cache that the slots do not.
+pub(super) type Stamp = u8;
+
+/// How many freezes a map remembers the epoch of: a snapshot can build on one of the last this many
+/// (older bases: a whole snapshot instead).
+pub(crate) const FREEZES_KEPT: usize = 64;
+const _: () = assert!(FREEZES_KEPT < 256, "a base must be younger than a stamp's wrap-around");
+
+/// Fewest removed keys an incremental map logs before it gives up the log (and the next snapshot is
+/// a whole one); above it, as many as the map holds entries (a whole snapshot costs as much then).
+pub(crate) const MIN_REMOVALS_LOGGED: usize = 1 << 16;
+pub(super) type Page<K, V> = Arc<PageBuf<K, V>>;
 
 /// The slot index a hash starts probing at. Keys of a subtask share their key groups (the low
 /// bits of the stable hash with a power-of-two number of key groups): the high half is folded in.
@@ -51,9 +76,10 @@ fn new_page<K, V>(slots: usize) -> Page<K, V> {
 /// two cache misses).
 const LINE: usize = 64;
 
-/// Where a page's slots start, and whether its map may write to it in place.
+/// Where a page's slots and stamps start, and whether its map may write to it in place.
 struct PageRef<K, V> {
     base: std::ptr::NonNull<Slot<K, V>>,
+    stamps: std::ptr::NonNull<Stamp>,
     owned: bool,
 }
 
@@ -63,9 +89,11 @@ unsafe impl<K: Send + Sync, V: Send + Sync> Send for PageRef<K, V> {}
 // SAFETY: as above (`&CowMap` reads only).
 unsafe impl<K: Sync, V: Sync> Sync for PageRef<K, V> {}
 
-/// The slots of one page, in an allocation aligned to a cache line.
-struct PageBuf<K, V> {
+/// The slots of one page, in an allocation aligned to a cache line, and their stamps (the epoch each
+/// slot was last written in) in another.
+pub(super) struct PageBuf<K, V> {
     ptr: std::ptr::NonNull<Slot<K, V>>,
+    stamps: std::ptr::NonNull<Stamp>,
     len: usize,
 }
 
@@ -100,7 +128,20 @@ impl<K, V> PageBuf<K, V> {
             // SAFETY: `i < len` slots were allocated; each is written once before any read.
             unsafe { ptr.as_ptr().add(i).write(None) };
         }
-        PageBuf { ptr, len }
+        let stamps_layout = Self::stamps_layout(len);
+        // SAFETY: a non-zero size (`len > 0`); zeroed memory is a valid `[Stamp]`.
+        let raw = unsafe { std::alloc::alloc_zeroed(stamps_layout) } as *mut Stamp;
+        let Some(stamps) = std::ptr::NonNull::new(raw) else { std::alloc::handle_alloc_error(stamps_layout) };
+        PageBuf { ptr, stamps, len }
+    }
+
+    fn stamps_layout(len: usize) -> std::alloc::Layout {
+        std::alloc::Layout::array::<Stamp>(len).and_then(|l| l.align_to(LINE)).expect("a page's layout")
+    }
+
+    pub(super) fn stamps(&self) -> &[Stamp] {
+        // SAFETY: `len` initialised stamps at `stamps`, owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.stamps.as_ptr(), self.len) }
     }
 }
 
@@ -123,6 +164,8 @@ impl<K: Clone, V: Clone> Clone for PageBuf<K, V> {
     fn clone(&self) -> Self {
         let mut copy = PageBuf::new(self.len);
         copy.clone_from_slice(self);
+        // SAFETY: both hold `len` stamps; `copy` is new, so the two do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.stamps.as_ptr(), copy.stamps.as_ptr(), self.len) };
         copy
     }
 }
@@ -134,6 +177,7 @@ impl<K, V> Drop for PageBuf<K, V> {
         unsafe {
             std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len));
             std::alloc::dealloc(self.ptr.as_ptr() as *mut u8, Self::layout(self.len));
+            std::alloc::dealloc(self.stamps.as_ptr(), Self::stamps_layout(self.len));
         }
     }
 }
@@ -156,6 +200,24 @@ pub(crate) struct CowMap<K, V> {
     page_bits: u32,
     len: usize,
     copies: u64,
+    /// What writes are stamped with now.
+    epoch: Epoch,
+    /// The epoch at each of the last [`FREEZES_KEPT`] freezes, by checkpoint.
+    freezes: std::collections::VecDeque<(CheckpointId, Epoch)>,
+    /// Keys removed, when the map snapshots incrementally (`None`: whole snapshots only).
+    removals: Option<Removals<K>>,
+}
+
+/// The keys an incremental map removed since the oldest freeze a snapshot may still build on.
+struct Removals<K> {
+    /// Removed in the current epoch.
+    open: Vec<K>,
+    /// Removed in earlier epochs, shared with the snapshots that need them.
+    sealed: std::collections::VecDeque<(Epoch, Arc<Vec<K>>)>,
+    /// Keys in `open` and `sealed`.
+    len: usize,
+    /// The first epoch from which every removal is logged (later after the log overflowed).
+    complete_from: Epoch,
 }
 
 impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
@@ -171,8 +233,18 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
             page_bits: 0,
             len: 0,
             copies: 0,
+            epoch: 0,
+            freezes: std::collections::VecDeque::new(),
+            removals: None,
         };
         m.allocate(MIN_SLOTS);
+        m
+    }
+
+    /// An empty map that can snapshot incrementally: it logs removed keys (see [`CowMap::freeze`]).
+    pub fn incremental(range: KeyGroupRange, max_parallelism: u32) -> Self {
+        let mut m = Self::new(range, max_parallelism);
+        m.removals = Some(Removals { open: Vec::new(), sealed: Default::default(), len: 0, complete_from: 0 });
         m
     }
 
@@ -180,7 +252,7 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
         debug_assert!(slots.is_power_of_two());
         let per_page = slots.min(page_slots::<K, V>());
         self.pages = (0..slots / per_page).map(|_| new_page(per_page)).collect();
-        self.meta = self.pages.iter().map(|p| PageRef { base: p.ptr, owned: true }).collect();
+        self.meta = self.pages.iter().map(|p| PageRef { base: p.ptr, stamps: p.stamps, owned: true }).collect();
         self.mask = slots - 1;
         self.page_bits = per_page.trailing_zeros();
         self.page_mask = per_page - 1;
@@ -240,6 +312,25 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
         unsafe { &mut *self.meta(i).base.as_ptr().add(i & self.page_mask) }
     }
 
+    /// Slot `i` for writing, stamped (its page copied first if a snapshot still reads
+    /// it).
+    #[inline(always)]
+    fn slot_stamped(&mut self, i: usize, stamp: Stamp) -> &mut Slot<K, V> {
+        let slot: *mut Slot<K, V> = self.slot_mut(i);
+        // SAFETY: `slot_mut` made the page owned (see its safety comment): its stamps are this
+        // map's alone, and the offset is below the stamps per page.
+        unsafe { *self.meta(i).stamps.as_ptr().add(i & self.page_mask) = stamp };
+        // SAFETY: `slot` points into the page `slot_mut` returned it from, still borrowed by `self`.
+        unsafe { &mut *slot }
+    }
+
+    /// The stamp of slot `i`.
+    #[inline(always)]
+    fn stamp(&self, i: usize) -> Stamp {
+        // SAFETY: as in `slot`.
+        unsafe { *self.meta(i).stamps.as_ptr().add(i & self.page_mask) }
+    }
+
     #[cold]
     #[inline(never)]
     fn take_back(&mut self, p: usize) {
@@ -248,7 +339,7 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
             *page = Arc::new(PageBuf::clone(page));
             self.copies += 1;
         }
-        self.meta[p] = PageRef { base: page.ptr, owned: true };
+        self.meta[p] = PageRef { base: page.ptr, stamps: page.stamps, owned: true };
     }
 
     /// The slot holding `k`, or the empty slot ending its probe.
@@ -267,8 +358,9 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
     /// The entry of `k`, for writing.
     #[inline(always)]
     pub fn get_mut(&mut self, k: &K) -> Option<&mut V> {
+        let epoch = self.epoch as Stamp;
         match self.find(k, stable_hash(k)) {
-            (i, true) => self.slot_mut(i).as_mut().map(|(_, v)| v),
+            (i, true) => self.slot_stamped(i, epoch).as_mut().map(|(_, v)| v),
             (_, false) => None,
         }
     }
@@ -285,15 +377,16 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
     /// Set `k`'s entry; the one it replaces.
     pub fn insert(&mut self, k: K, v: V) -> Option<V> {
         let hash = stable_hash(&k);
+        let epoch = self.epoch as Stamp;
         match self.find(&k, hash) {
-            (i, true) => self.slot_mut(i).as_mut().map(|(_, old)| std::mem::replace(old, v)),
+            (i, true) => self.slot_stamped(i, epoch).as_mut().map(|(_, old)| std::mem::replace(old, v)),
             (i, false) => {
                 if (self.len + 1) * MAX_LOAD_DEN > (self.mask + 1) * MAX_LOAD_NUM {
                     self.grow();
                     let (i, _) = self.find(&k, hash);
-                    *self.slot_mut(i) = Some((k, v));
+                    *self.slot_stamped(i, epoch) = Some((k, v));
                 } else {
-                    *self.slot_mut(i) = Some((k, v));
+                    *self.slot_stamped(i, epoch) = Some((k, v));
                 }
                 self.len += 1;
                 None
@@ -308,19 +401,30 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
         self.allocate((self.mask + 1) * 2);
         for mut page in old_pages {
             match Arc::get_mut(&mut page) {
-                Some(slots) => slots.iter_mut().filter_map(Option::take).for_each(|(k, v)| self.put_new(k, v)),
+                Some(slots) => {
+                    let stamps = slots.stamps().to_vec();
+                    for (slot, e) in slots.iter_mut().zip(stamps) {
+                        if let Some((k, v)) = slot.take() {
+                            self.put_new((k, v), e);
+                        }
+                    }
+                }
                 None => {
                     self.copies += 1;
-                    page.iter().flatten().for_each(|(k, v)| self.put_new(k.clone(), v.clone()));
+                    for (slot, e) in page.iter().zip(page.stamps()) {
+                        if let Some((k, v)) = slot {
+                            self.put_new((k.clone(), v.clone()), *e);
+                        }
+                    }
                 }
             }
         }
     }
 
-    /// Put an entry whose key is not in the map (no growth).
-    fn put_new(&mut self, k: K, v: V) {
-        let (i, _) = self.find(&k, stable_hash(&k));
-        *self.slot_mut(i) = Some((k, v));
+    /// Put an entry whose key is not in the map (no growth), keeping its stamp.
+    fn put_new(&mut self, entry: (K, V), stamp: Stamp) {
+        let (i, _) = self.find(&entry.0, stable_hash(&entry.0));
+        *self.slot_stamped(i, stamp) = Some(entry);
     }
 
     /// Remove `k`'s entry (backward-shift deletion: the entries after it in its run move up, so
@@ -330,8 +434,19 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
         if !found {
             return None;
         }
-        let (_, v) = self.slot_mut(hole).take().expect("found");
+        let (k, v) = self.slot_mut(hole).take().expect("found");
         self.len -= 1;
+        if let Some(log) = &mut self.removals {
+            log.open.push(k);
+            log.len += 1;
+            if log.len > MIN_REMOVALS_LOGGED.max(self.len) {
+                // The next snapshot is a whole one: it costs no more than replaying this log.
+                log.open = Vec::new();
+                log.sealed.clear();
+                log.len = 0;
+                log.complete_from = self.epoch.saturating_add(1);
+            }
+        }
         let mut j = hole;
         loop {
             j = (j + 1) & self.mask;
@@ -340,21 +455,22 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
             // The entry at j may move to the hole unless its home lies cyclically in (hole, j].
             let stays = if hole <= j { hole < h && h <= j } else { hole < h || h <= j };
             if !stays {
-                let moved = self.slot_mut(j).take();
-                *self.slot_mut(hole) = moved;
+                let (moved, stamp) = (self.slot_mut(j).take(), self.stamp(j));
+                *self.slot_stamped(hole, stamp) = moved;
                 hole = j;
             }
         }
         Some(v)
     }
 
-    /// Every entry, for writing (takes every page back).
+    /// Every entry, for writing (takes every page back; each entry counts as changed).
     pub fn for_each_mut(&mut self, mut f: impl FnMut(&K, &mut V) -> bool) {
+        let epoch = self.epoch as Stamp;
         for i in 0..=self.mask {
             if self.slot(i).is_none() {
                 continue;
             }
-            if let Some((k, v)) = self.slot_mut(i) {
+            if let Some((k, v)) = self.slot_stamped(i, epoch) {
                 if !f(k, v) {
                     return;
                 }
@@ -362,50 +478,75 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
         }
     }
 
-    /// Share every page with a snapshot: one reference count per page, whatever the entries
-    /// hold. Writes after it copy a page only while the snapshot still holds it.
-    pub fn freeze(&mut self) -> Frozen<K, V> {
+    /// Share every page with a snapshot that is always encoded whole (see [`CowMap::freeze`]).
+    #[cfg(test)]
+    pub fn freeze_whole(&mut self) -> Frozen<K, V> {
         self.meta.iter_mut().for_each(|m| m.owned = false);
-        Frozen { pages: self.pages.clone(), range: self.range, max_parallelism: self.max_parallelism }
+        Frozen {
+            pages: self.pages.clone(),
+            range: self.range,
+            max_parallelism: self.max_parallelism,
+            since: None,
+            at: self.epoch,
+            removed: Vec::new(),
+        }
     }
-}
 
-/// The pages of a [`CowMap`] as they were at a barrier, encoded off the task thread.
-pub(crate) struct Frozen<K, V> {
-    pages: Vec<Page<K, V>>,
-    range: KeyGroupRange,
-    max_parallelism: u32,
-}
-
-impl<K: Key, V: Send + Sync + 'static> Frozen<K, V> {
-    /// Keyed state, one blob of concatenated `(key, value)` pairs per non-empty key group, the
-    /// value being what `project` makes of an entry (`None` leaves the entry out). Each page is
-    /// let go of as soon as it is encoded, so that the task need not copy it.
-    pub fn encode<W: Serialize + ?Sized>(
-        self,
-        uid: &str,
-        project: impl Fn(&V) -> Option<&W>,
-    ) -> Result<ElementState, String> {
-        let (range, max_parallelism) = (self.range, self.max_parallelism);
-        let mut groups: Vec<Vec<u8>> = vec![Vec::new(); range.len() as usize];
-        for page in self.pages {
-            for (k, v) in page.iter().flatten() {
-                let Some(w) = project(v) else { continue };
-                let kg = key_group_of_hash(stable_hash(k), max_parallelism);
-                // Invariant: the router only ever sent this subtask keys of its own key groups.
-                assert!(range.contains(KeyGroup(kg)), "{uid}: key of key group {kg} outside {range:?}");
-                let buf = &mut groups[(kg - range.start) as usize];
-                let taken = std::mem::take(buf);
-                *buf = postcard::to_extend(&(k, w), taken).map_err(|e| format!("{uid}: encoding a key: {e}"))?;
+    /// Share every page with the snapshot of `checkpoint`: one reference count per page, whatever
+    /// the entries hold. Writes after it copy a page only while the snapshot still holds it.
+    ///
+    /// `base`: a complete checkpoint whose snapshot of this map a later one may build on (the task's
+    /// latest known to be complete; it only moves forward). If this map was frozen for it, the
+    /// snapshot can also be encoded as what changed since then ([`Frozen::since`]). What only
+    /// older bases would need is dropped here. Costs O([`FREEZES_KEPT`]), not O(entries).
+    pub fn freeze(&mut self, checkpoint: CheckpointId, base: Option<CheckpointId>) -> Frozen<K, V> {
+        self.meta.iter_mut().for_each(|m| m.owned = false);
+        let epoch = self.epoch;
+        let base_epoch = base.and_then(|b| self.freezes.iter().find(|(c, _)| *c == b).map(|(_, e)| *e));
+        if let Some(b) = base {
+            while self.freezes.front().is_some_and(|(c, _)| *c < b) {
+                self.freezes.pop_front();
             }
         }
-        let groups = groups
-            .into_iter()
-            .enumerate()
-            .filter(|(_, g)| !g.is_empty())
-            .map(|(i, g)| (range.start + i as u32, g))
-            .collect();
-        Ok(ElementState::Keyed { max_parallelism, groups })
+        if self.freezes.len() == FREEZES_KEPT {
+            self.freezes.pop_front();
+        }
+        self.freezes.push_back((checkpoint, epoch));
+        let mut since = None;
+        let mut removed = Vec::new();
+        if let Some(log) = &mut self.removals {
+            if !log.open.is_empty() {
+                log.sealed.push_back((epoch, Arc::new(std::mem::take(&mut log.open))));
+            }
+            if let Some(b) = base_epoch {
+                // Removals at or before the base's freeze are in the base already.
+                while log.sealed.front().is_some_and(|(e, _)| *e <= b) {
+                    let (_, keys) = log.sealed.pop_front().expect("front");
+                    log.len -= keys.len();
+                }
+                if log.complete_from <= b.saturating_add(1) {
+                    since = Some(b);
+                    removed = log.sealed.iter().map(|(_, keys)| keys.clone()).collect();
+                }
+            }
+        }
+        // An epoch counter that ran out (four billion checkpoints) ends incremental snapshots of
+        // this map; whole ones go on.
+        match self.epoch.checked_add(1) {
+            Some(next) => self.epoch = next,
+            None => {
+                since = None;
+                self.removals = None;
+            }
+        }
+        Frozen {
+            pages: self.pages.clone(),
+            range: self.range,
+            max_parallelism: self.max_parallelism,
+            since,
+            at: epoch,
+            removed,
+        }
     }
 }
 

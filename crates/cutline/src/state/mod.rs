@@ -6,6 +6,7 @@
 //! task's control plane does), and knows no operator: operators put images in and take bytes out.
 
 mod cow_map;
+mod frozen;
 mod hash;
 mod restore;
 mod schema;
@@ -18,9 +19,9 @@ use std::hash::Hash;
 pub(crate) use cow_map::{CowMap, Frozen};
 pub(crate) use hash::{key_group_of_hash, KeyHasher};
 pub use hash::{splitmix64, stable_hash, StableHasher};
-pub(crate) use restore::RestoreIndex;
 #[cfg(test)]
 pub(crate) use restore::RestoredPart;
+pub(crate) use restore::{KeyedLayer, RestoreIndex};
 pub(crate) use schema::{Evolve, Migration, StateSchema};
 pub(crate) use snapshot::{encode_plain, ElementState, PlainImage, SnapshotBuilder, StateImage};
 

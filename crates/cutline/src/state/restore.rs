@@ -12,7 +12,21 @@ use std::collections::HashMap;
 pub(crate) struct RestoredPart {
     pub subtask: u32,
     pub parallelism: u32,
+    /// Never [`ElementState::KeyedDelta`]: the incremental snapshots on top of it are in `deltas`.
     pub state: ElementState,
+    /// Incremental snapshots of keyed state to apply on top of `state`, oldest first.
+    pub deltas: Vec<ElementState>,
+}
+
+/// One layer of a key group's restored state: apply them in the order [`RestoreIndex::keyed`]
+/// returns them.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum KeyedLayer<'a> {
+    /// Concatenated `(key, value)` records, each key once.
+    Whole(&'a [u8]),
+    /// What changed on top of the layers before: the keys removed (concatenated), then the
+    /// `(key, value)` records written (concatenated), replacing entries of the same key.
+    Delta { removes: &'a [u8], upserts: &'a [u8] },
 }
 
 /// The parallelism a checkpoint took a plain element at, and every old subtask's state of it.
@@ -35,10 +49,38 @@ pub(crate) struct RestoreIndex {
 }
 
 impl RestoreIndex {
-    pub fn add_task_payload(&mut self, subtask: u32, parallelism: u32, payload: &[u8]) -> Result<(), String> {
-        let p: TaskStatePayload = postcard::from_bytes(payload).map_err(|e| format!("decoding task state: {e}"))?;
-        for (uid, state) in p.elements {
-            self.elements.entry(uid).or_default().push(RestoredPart { subtask, parallelism, state });
+    /// One task's state: the payloads of its chain, oldest first (an incremental snapshot and the
+    /// files it builds on; a single payload for a self-contained one).
+    pub fn add_task_chain(&mut self, subtask: u32, parallelism: u32, chain: &[Vec<u8>]) -> Result<(), String> {
+        let mut current: HashMap<String, (ElementState, Vec<ElementState>)> = HashMap::new();
+        for (i, payload) in chain.iter().enumerate() {
+            let p: TaskStatePayload = postcard::from_bytes(payload)
+                .map_err(|e| format!("decoding task state (file {} of its chain): {e}", i + 1))?;
+            // A file lists every element that had state at its checkpoint: those it lacks had none.
+            let mut next = HashMap::with_capacity(p.elements.len());
+            for (uid, state) in p.elements {
+                let resolved = match state {
+                    delta @ ElementState::KeyedDelta { .. } => {
+                        let ElementState::KeyedDelta { max_parallelism, .. } = &delta else { unreachable!() };
+                        let (base, mut deltas) = current.remove(&uid).unwrap_or_else(|| {
+                            (ElementState::Keyed { max_parallelism: *max_parallelism, groups: Vec::new() }, Vec::new())
+                        });
+                        if !matches!(&base, ElementState::Keyed { max_parallelism: m, .. } if m == max_parallelism) {
+                            return Err(format!(
+                                "the checkpoint is damaged: an incremental snapshot of {uid} builds on state of another shape"
+                            ));
+                        }
+                        deltas.push(delta);
+                        (base, deltas)
+                    }
+                    whole => (whole, Vec::new()),
+                };
+                next.insert(uid, resolved);
+            }
+            current = next;
+        }
+        for (uid, (state, deltas)) in current {
+            self.elements.entry(uid).or_default().push(RestoredPart { subtask, parallelism, state, deltas });
         }
         Ok(())
     }
@@ -59,7 +101,7 @@ impl RestoreIndex {
             if p.subtask == subtask {
                 return match &p.state {
                     ElementState::Plain(b) => Ok(Some(b)),
-                    ElementState::Keyed { .. } => {
+                    ElementState::Keyed { .. } | ElementState::KeyedDelta { .. } => {
                         Err(err("checkpoint holds keyed state where plain state is expected".into()))
                     }
                 };
@@ -136,7 +178,7 @@ impl RestoreIndex {
         for p in parts {
             match &p.state {
                 ElementState::Plain(b) => states.push(&b[..]),
-                ElementState::Keyed { .. } => {
+                ElementState::Keyed { .. } | ElementState::KeyedDelta { .. } => {
                     return Err(TaskError::State {
                         uid: uid.into(),
                         message: "checkpoint holds keyed state where plain state is expected".into(),
@@ -147,9 +189,14 @@ impl RestoreIndex {
         Ok(states)
     }
 
-    /// Every key group blob of keyed element `uid` that falls in `range`, from whichever old subtask
-    /// held it.
-    pub fn keyed(&self, uid: &str, range: KeyGroupRange, max_parallelism: u32) -> Result<Vec<(u32, &[u8])>, TaskError> {
+    /// Every layer of every key group of keyed element `uid` that falls in `range`, from whichever
+    /// old subtask held it; a group's layers in the order to apply them.
+    pub fn keyed(
+        &self,
+        uid: &str,
+        range: KeyGroupRange,
+        max_parallelism: u32,
+    ) -> Result<Vec<(u32, KeyedLayer<'_>)>, TaskError> {
         let Some(parts) = self.elements.get(uid) else {
             return Ok(vec![]);
         };
@@ -165,11 +212,20 @@ impl RestoreIndex {
                     }
                     for (kg, blob) in groups {
                         if range.contains(cutline_core::KeyGroup(*kg)) {
-                            out.push((*kg, blob.as_slice()));
+                            out.push((*kg, KeyedLayer::Whole(blob)));
+                        }
+                    }
+                    for delta in &p.deltas {
+                        // `add_task_chain` checked the shape and the max parallelism.
+                        let ElementState::KeyedDelta { groups, .. } = delta else { continue };
+                        for (kg, upserts, removes) in groups {
+                            if range.contains(cutline_core::KeyGroup(*kg)) {
+                                out.push((*kg, KeyedLayer::Delta { removes, upserts }));
+                            }
                         }
                     }
                 }
-                ElementState::Plain(_) => {
+                ElementState::Plain(_) | ElementState::KeyedDelta { .. } => {
                     return Err(TaskError::State {
                         uid: uid.into(),
                         message: "checkpoint holds plain state where keyed state is expected".into(),

@@ -12,6 +12,17 @@ pub(crate) enum ElementState {
     Plain(Vec<u8>),
     /// Keyed state, one blob of concatenated `(key, value)` records per key group: redistributable.
     Keyed { max_parallelism: u32, groups: Vec<(u32, Vec<u8>)> },
+    /// Keyed state as what changed since the same element in the file this one builds on (the
+    /// previous file of the task's chain): per key group with changes, the `(key, value)` records
+    /// written since (concatenated, as in `Keyed`) and the keys removed since (concatenated). Applied
+    /// on top of the earlier state: removals first, then the records.
+    KeyedDelta { max_parallelism: u32, groups: Vec<(u32, Vec<u8>, Vec<u8>)> },
+}
+
+impl ElementState {
+    pub fn is_delta(&self) -> bool {
+        matches!(self, ElementState::KeyedDelta { .. })
+    }
 }
 
 /// The payload of one task state file.
@@ -23,7 +34,9 @@ pub(crate) struct TaskStatePayload {
 /// A cheap copy of one element's state, taken synchronously at the barrier and encoded off the task
 /// thread while processing continues.
 pub(crate) trait StateImage: Send {
-    fn encode(self: Box<Self>) -> Result<ElementState, String>;
+    /// Its encoded form: whole, or only what changed since the base checkpoint if `incremental`
+    /// allows it and the image can (see [`SnapshotBuilder::base`]).
+    fn encode(self: Box<Self>, incremental: bool) -> Result<ElementState, String>;
 }
 
 /// Collects the state images of a task's chain elements at a barrier.
@@ -33,6 +46,10 @@ pub(crate) struct SnapshotBuilder {
     /// State pages the task's operators copied since their previous snapshot (see
     /// [`CowMap`](super::CowMap)).
     pub page_copies: u64,
+    /// The task's latest checkpoint known to be complete, set before operators add their images:
+    /// what incremental images may hold the changes since. The writer decides whether they do
+    /// (whether it still has that checkpoint's files to build on).
+    pub base: Option<cutline_core::CheckpointId>,
 }
 
 impl SnapshotBuilder {
@@ -41,13 +58,18 @@ impl SnapshotBuilder {
         self.images.push((uid.to_string(), image));
     }
 
-    /// Encode every image (runs on a snapshot writer thread).
-    pub fn encode(self) -> Result<Vec<u8>, String> {
+    /// Encode every image (runs on a snapshot writer thread), incrementally where `incremental`
+    /// allows it and an image can. Also whether the payload holds any incremental element (then it
+    /// is only readable on top of the base's files).
+    pub fn encode(self, incremental: bool) -> Result<(Vec<u8>, bool), String> {
         let mut elements = Vec::with_capacity(self.images.len());
         for (uid, img) in self.images {
-            elements.push((uid, img.encode()?));
+            elements.push((uid, img.encode(incremental)?));
         }
-        postcard::to_allocvec(&TaskStatePayload { elements }).map_err(|e| format!("encoding task state: {e}"))
+        let delta = elements.iter().any(|(_, e)| e.is_delta());
+        let payload =
+            postcard::to_allocvec(&TaskStatePayload { elements }).map_err(|e| format!("encoding task state: {e}"))?;
+        Ok((payload, delta))
     }
 }
 
@@ -55,7 +77,7 @@ impl SnapshotBuilder {
 pub(crate) struct PlainImage(pub Vec<u8>);
 
 impl StateImage for PlainImage {
-    fn encode(self: Box<Self>) -> Result<ElementState, String> {
+    fn encode(self: Box<Self>, _incremental: bool) -> Result<ElementState, String> {
         Ok(ElementState::Plain(self.0))
     }
 }

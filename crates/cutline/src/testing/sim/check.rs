@@ -7,9 +7,9 @@ use super::{Sim, FINGERPRINT};
 use crate::channel::InFlight;
 use crate::dataflow::{channel_state_uid, ChannelState, Either};
 use crate::runtime::start::load_checkpoint;
-use crate::state::{key_group_of_hash, stable_hash, ElementState};
+use crate::state::{key_group_of_hash, stable_hash, ElementState, KeyedLayer};
 use cutline_core::barrier::CheckpointMode;
-use cutline_core::CheckpointId;
+use cutline_core::{CheckpointId, KeyGroupRange};
 use std::collections::BTreeMap;
 
 impl Sim {
@@ -18,6 +18,9 @@ impl Sim {
     pub(super) fn check_cut(&mut self, id: CheckpointId) -> Result<(), String> {
         let (index, manifest) = load_checkpoint(&*self.store, &self.graph, FINGERPRINT, id)
             .map_err(|e| format!("reading back {id}: {e}"))?;
+        if manifest.tasks.iter().any(|t| !t.base.is_empty()) {
+            self.report.incremental_cuts += 1;
+        }
         if manifest.tasks.len() != self.graph.task_count() {
             return Err(format!(
                 "checkpoint {id} has {} task states for {} tasks",
@@ -60,20 +63,27 @@ impl Sim {
                 want.entry(right_key(i, self.o.keys)).or_default().1 += 1;
             }
         }
+        // The join's state with every incremental snapshot applied on top, as a restore reads it.
         let mut have: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
-        for p in index.elements.get("join").map(|v| v.as_slice()).unwrap_or(&[]) {
-            let ElementState::Keyed { groups, .. } = &p.state else {
-                return Err("join state is not keyed".into());
+        let mp = self.graph.max_parallelism;
+        let layers = index.keyed("join", KeyGroupRange::for_subtask(mp, 1, 0), mp).map_err(|e| e.to_string())?;
+        for (kg, layer) in layers {
+            let (mut removes, mut upserts) = match layer {
+                KeyedLayer::Whole(b) => (&[][..], b),
+                KeyedLayer::Delta { removes, upserts } => (removes, upserts),
             };
-            for (kg, blob) in groups {
-                let mut b = blob.as_slice();
-                while !b.is_empty() {
-                    let ((k, v), rest): ((u64, (u64, u64)), &[u8]) =
-                        postcard::take_from_bytes(b).map_err(|e| e.to_string())?;
-                    assert_eq!(key_group_of_hash(stable_hash(&k), self.graph.max_parallelism), *kg);
-                    have.insert(k, v);
-                    b = rest;
-                }
+            while !removes.is_empty() {
+                let (k, rest): (u64, &[u8]) = postcard::take_from_bytes(removes).map_err(|e| e.to_string())?;
+                assert_eq!(key_group_of_hash(stable_hash(&k), mp), kg);
+                have.remove(&k);
+                removes = rest;
+            }
+            while !upserts.is_empty() {
+                let ((k, v), rest): ((u64, (u64, u64)), &[u8]) =
+                    postcard::take_from_bytes(upserts).map_err(|e| e.to_string())?;
+                assert_eq!(key_group_of_hash(stable_hash(&k), mp), kg);
+                have.insert(k, v);
+                upserts = rest;
             }
         }
         // Records in flight at an unaligned checkpoint are part of the cut: they were sent before the

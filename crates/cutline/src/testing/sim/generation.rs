@@ -4,6 +4,7 @@
 
 use super::{Sim, SimAlignment, FINGERPRINT, RETUNE_PPM};
 use crate::connectors::SourceStatus;
+use crate::runtime::chains::Chains;
 use crate::runtime::driver::{
     carry_out, write_snapshot, Carried, CheckpointLog, ControlPlane, DriverCtx, SnapshotJob, TaskMeta,
 };
@@ -78,6 +79,8 @@ pub(super) fn run_generation_sim(
     cfg: &RunConfig,
 ) -> Result<GenEnd, String> {
     let store = sim.store.clone();
+    // The writers of this generation: a snapshot builds on files this generation wrote.
+    let chains = Chains::default();
     let mut controls: Vec<VecDeque<Control>> = tasks.iter().map(|_| VecDeque::new()).collect();
     let mut writes = std::mem::take(&mut sim.writes);
     let mut events: VecDeque<SimEvent> = VecDeque::new();
@@ -191,7 +194,7 @@ pub(super) fn run_generation_sim(
                     if w.generation != generation {
                         sim.report.late_writes += 1;
                     }
-                    let ev = write_snapshot(&*store, &cfg.faults, w, || 0);
+                    let ev = write_snapshot(&*store, &cfg.faults, (&chains, cfg.incremental_checkpoints), w, || 0);
                     env.events.push_back(SimEvent::Coord(ev));
                 }
             } else if choice < 80 {

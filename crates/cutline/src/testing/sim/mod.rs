@@ -158,6 +158,8 @@ pub struct SimReport {
     pub cuts_checked: u64,
     /// Snapshot writes of an older generation that completed after a failover.
     pub late_writes: u64,
+    /// Checked checkpoints with a task state on top of older checkpoints' files (incremental).
+    pub incremental_cuts: u64,
     /// In-flight batches found in the channel state of checked checkpoints.
     pub in_flight_batches: u64,
     /// Task snapshots that switched from aligned to unaligned.

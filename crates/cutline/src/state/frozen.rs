@@ -1,0 +1,105 @@
+//! [`Frozen`]: a [`CowMap`](super::CowMap)'s pages as they were at a barrier, shared with a snapshot
+//! writer and encoded on its thread, whole or as what changed since the snapshot's base.
+
+use super::cow_map::{Epoch, Page, Stamp};
+use super::hash::{key_group_of_hash, stable_hash};
+use super::snapshot::ElementState;
+use super::Key;
+use cutline_core::{KeyGroup, KeyGroupRange};
+use serde::Serialize;
+use std::sync::Arc;
+
+/// The pages of a [`CowMap`] as they were at a barrier, encoded off the task thread.
+pub(crate) struct Frozen<K, V> {
+    pub(super) pages: Vec<Page<K, V>>,
+    pub(super) range: KeyGroupRange,
+    pub(super) max_parallelism: u32,
+    /// The epoch of the base checkpoint's freeze, if the snapshot can be encoded as what changed
+    /// since it: entries stamped later, and `removed`.
+    pub(super) since: Option<Epoch>,
+    /// The epoch that this freeze ended.
+    pub(super) at: Epoch,
+    /// Keys removed since the base's freeze, oldest first.
+    pub(super) removed: Vec<Arc<Vec<K>>>,
+}
+
+impl<K: Key, V: Send + Sync + 'static> Frozen<K, V> {
+    /// Whether [`Frozen::encode`] can hold only what changed since the base checkpoint.
+    #[cfg(test)]
+    pub fn can_be_incremental(&self) -> bool {
+        self.since.is_some()
+    }
+
+    /// Keyed state, the value of each entry being what `project` makes of it (`None`: no state).
+    /// Whole ([`ElementState::Keyed`]: one blob of concatenated `(key, value)` pairs per non-empty
+    /// key group), or, if `incremental` and [`Frozen::can_be_incremental`], only what changed since
+    /// the base ([`ElementState::KeyedDelta`]: per key group, the pairs written since and the keys
+    /// removed since, an entry projected to `None` counting as removed). Each page is let go of as
+    /// soon as it is encoded, so that the task need not copy it.
+    pub fn encode<W: Serialize + ?Sized>(
+        self,
+        uid: &str,
+        project: impl Fn(&V) -> Option<&W>,
+        incremental: bool,
+    ) -> Result<ElementState, String> {
+        let (range, max_parallelism) = (self.range, self.max_parallelism);
+        let since = self.since.filter(|_| incremental);
+        // Written after the base's freeze: in one of the `lag` epochs up to this freeze's.
+        let (at, lag) = (self.at as Stamp, since.map(|b| self.at - b));
+        let groups_len = range.len() as usize;
+        let mut upserts: Vec<Vec<u8>> = vec![Vec::new(); groups_len];
+        let mut removes: Vec<Vec<u8>> = vec![Vec::new(); if since.is_some() { groups_len } else { 0 }];
+        let group = |k: &K| -> usize {
+            let kg = key_group_of_hash(stable_hash(k), max_parallelism);
+            // Invariant: the router only ever sent this subtask keys of its own key groups.
+            assert!(range.contains(KeyGroup(kg)), "{uid}: key of key group {kg} outside {range:?}");
+            (kg - range.start) as usize
+        };
+        fn append<T: Serialize + ?Sized>(uid: &str, buf: &mut Vec<u8>, v: &T) -> Result<(), String> {
+            let taken = std::mem::take(buf);
+            *buf = postcard::to_extend(v, taken).map_err(|e| format!("{uid}: encoding a key: {e}"))?;
+            Ok(())
+        }
+        // Removals matter only to an incremental snapshot (a whole one lists what is there).
+        for keys in self.removed.iter().filter(|_| since.is_some()) {
+            for k in keys.iter() {
+                append(uid, &mut removes[group(k)], k)?;
+            }
+        }
+        for page in self.pages {
+            for (slot, e) in page.iter().zip(page.stamps()) {
+                let Some((k, v)) = slot else { continue };
+                if lag.is_some_and(|lag| u32::from(at.wrapping_sub(*e)) >= lag) {
+                    continue;
+                }
+                match project(v) {
+                    Some(w) => append(uid, &mut upserts[group(k)], &(k, w))?,
+                    None if since.is_some() => append(uid, &mut removes[group(k)], k)?,
+                    None => {}
+                }
+            }
+        }
+        let start = range.start;
+        Ok(match since {
+            None => ElementState::Keyed {
+                max_parallelism,
+                groups: upserts
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(_, g)| !g.is_empty())
+                    .map(|(i, g)| (start + i as u32, g))
+                    .collect(),
+            },
+            Some(_) => ElementState::KeyedDelta {
+                max_parallelism,
+                groups: upserts
+                    .into_iter()
+                    .zip(removes)
+                    .enumerate()
+                    .filter(|(_, (u, r))| !u.is_empty() || !r.is_empty())
+                    .map(|(i, (u, r))| (start + i as u32, u, r))
+                    .collect(),
+            },
+        })
+    }
+}
