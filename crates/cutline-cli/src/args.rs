@@ -105,6 +105,43 @@ pub(crate) struct WordcountArgs {
     pub(crate) cluster: ClusterArgs,
     #[command(flatten)]
     pub(crate) observe: ObserveArgs,
+    #[command(flatten)]
+    pub(crate) state_backend: StateBackendArgs,
+}
+
+/// Where keyed operators keep their state.
+#[derive(Args, Clone)]
+pub(crate) struct StateBackendArgs {
+    /// Where keyed operators keep their state: `memory` (the fastest; the state must fit in memory)
+    /// or `disk` (state larger than memory: an embedded store per task under --local-state-dir with
+    /// a cache in memory; needs a build with `--features spill`). Checkpoints are the same either
+    /// way: a job may restart from one written under the other backend.
+    #[arg(long, default_value = "memory", value_name = "memory|disk")]
+    pub(crate) state_backend: String,
+    /// The disk backend's directory, on a local disk (default: `cutline-state` in the system's
+    /// temporary directory). Scratch space: the state is rebuilt from the checkpoint on restart.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) local_state_dir: Option<PathBuf>,
+    /// Keys each task of the disk backend caches in memory.
+    #[arg(long, default_value_t = cutline::DEFAULT_DISK_CACHE_ENTRIES, value_name = "N")]
+    pub(crate) state_cache_entries: usize,
+}
+
+impl StateBackendArgs {
+    /// The backend these flags choose.
+    pub(crate) fn backend(&self) -> anyhow::Result<cutline::StateBackend> {
+        match self.state_backend.as_str() {
+            "memory" if self.local_state_dir.is_some() => {
+                anyhow::bail!("--local-state-dir is for --state-backend disk")
+            }
+            "memory" => Ok(cutline::StateBackend::Memory),
+            "disk" => Ok(cutline::StateBackend::Disk {
+                dir: self.local_state_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("cutline-state")),
+                cache_entries: self.state_cache_entries,
+            }),
+            other => anyhow::bail!("--state-backend {other:?}: use memory or disk"),
+        }
+    }
 }
 
 /// The HTTP endpoint's address when none is given: loopback only.

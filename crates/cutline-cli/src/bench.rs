@@ -39,6 +39,7 @@ pub(crate) struct BenchArgs {
     pub(crate) channel_capacity: usize,
     pub(crate) frame_protection: cutline::cluster::FrameProtection,
     pub(crate) scrape_every: Option<String>,
+    pub(crate) state_backend: crate::args::StateBackendArgs,
 }
 
 pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
@@ -80,6 +81,7 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
     cfg.checkpoint.validate().map_err(anyhow::Error::msg)?;
     cfg.restart = cutline::RestartStrategy::None;
     cfg.incremental_checkpoints = !a.full_checkpoints;
+    cfg.state_backend = a.state_backend.backend()?;
     if a.channel_capacity == 0 {
         bail!("--channel-capacity must be at least 1");
     }
@@ -173,7 +175,8 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
     let col = |f: &dyn Fn(&cutline::CheckpointSummary) -> u64| periodic.iter().map(|c| f(c)).collect::<Vec<u64>>();
     let (d, al, sd) = (col(&|c| c.duration_ms), col(&|c| c.alignment_ms), col(&|c| c.start_delay_ms));
     println!(
-        "events={events} keys={keys} parallelism={parallelism} workers={} interval={interval} max_concurrent={max_concurrent} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_max_ms={} alignment_p50_ms={} alignment_max_ms={} start_delay_p50_ms={} start_delay_max_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} sync_p50_us={} sync_max_us={} page_copies_p50={} peak_rss_mb={} state_bytes={} written_p50_bytes={} written_max_bytes={} restarts={} sink_records={} state_count={} verified={}{recovery}{scraped}",
+        "events={events} keys={keys} backend={} parallelism={parallelism} workers={} interval={interval} max_concurrent={max_concurrent} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_max_ms={} alignment_p50_ms={} alignment_max_ms={} start_delay_p50_ms={} start_delay_max_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} sync_p50_us={} sync_max_us={} page_copies_p50={} peak_rss_mb={} state_bytes={} written_p50_bytes={} written_max_bytes={} restarts={} sink_records={} state_count={} verified={}{recovery}{scraped}",
+        a.state_backend.state_backend,
         a.workers,
         events as f64 / secs,
         d.len(),

@@ -235,6 +235,8 @@ enum Cmd {
         /// Write every checkpoint whole (default: incremental, only the keyed state that changed).
         #[arg(long)]
         full_checkpoints: bool,
+        #[command(flatten)]
+        state_backend: args::StateBackendArgs,
         #[arg(long, default_value_t = 1)]
         parallelism: u32,
         /// Checkpoint interval (e.g. 100ms, 1s) or `off`.
@@ -403,6 +405,7 @@ fn main() {
             keys,
             hot_keys,
             full_checkpoints,
+            state_backend,
             parallelism,
             checkpoint_interval,
             max_concurrent,
@@ -415,6 +418,7 @@ fn main() {
         } => bench(&BenchArgs {
             hot_keys,
             full_checkpoints,
+            state_backend,
             channel_capacity,
             frame_protection,
             scrape_every,

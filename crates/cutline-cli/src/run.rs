@@ -202,6 +202,7 @@ pub(crate) fn run_wordcount(a: &WordcountArgs) -> Result<()> {
         a.checkpoint_store.as_deref(),
     )?;
     cfg.checkpoint = checkpoint;
+    cfg.state_backend = a.state_backend.backend()?;
     if let Some(spec) = &a.kill_self_at {
         cfg.faults = kill_self_at(spec)?;
     }

@@ -66,6 +66,38 @@ fn the_keyed_benchmark_on_two_worker_processes_checks_what_their_sinks_committed
     assert_checked(&r, 300_000, "sink+state");
 }
 
+/// The disk state backend on a cluster: the coordinator hands it to the workers, whose keyed tasks
+/// keep their counts in stores under the directory (and remove them when done).
+#[cfg(feature = "spill")]
+#[test]
+fn the_keyed_benchmark_with_state_on_disk_on_two_worker_processes_checks_its_sinks() {
+    let local = tempfile::tempdir().unwrap();
+    let dir = local.path().join("local-state");
+    let r = bench(&[
+        "--events",
+        "300000",
+        "--keys",
+        "5000",
+        "--parallelism",
+        "2",
+        "--checkpoint-interval",
+        "20ms",
+        "--workers",
+        "2",
+        "--state-backend",
+        "disk",
+        "--state-cache-entries",
+        "64",
+        "--local-state-dir",
+        dir.to_str().unwrap(),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_checked(&r, 300_000, "sink+state");
+    assert_eq!(r.get("backend").map(String::as_str), Some("disk"), "{r:?}");
+    let left: Vec<_> = std::fs::read_dir(&dir).expect("the workers made their stores here").collect();
+    assert!(left.is_empty(), "stores left behind: {left:?}");
+}
+
 #[test]
 fn after_a_killed_worker_the_benchmark_still_counts_every_update_exactly_once() {
     let events = 6_000_000;

@@ -72,7 +72,7 @@ pub use runtime::{
     run, spawn, CheckpointSummary, FailedCheckpoint, JobControl, JobHandle, JobMetrics, JobReport, RunConfig, RunError,
     SavepointInfo, TaskReport,
 };
-pub use state::{splitmix64, stable_hash};
+pub use state::{splitmix64, stable_hash, StateBackend, DEFAULT_DISK_CACHE_ENTRIES};
 
 /// The README's Rust blocks, compiled by `cargo test --doc` (and run where they do not touch fixed
 /// paths), so that what it shows cannot stop compiling unnoticed.

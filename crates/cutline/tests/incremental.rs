@@ -2,10 +2,14 @@
 //! writes the keyed state that changed since the task's latest complete one and shares the files
 //! before it; restores read the chain (also after falling back past a damaged newest checkpoint);
 //! retention never removes a file a retained checkpoint builds on; the setting turns it off.
+//!
+//! A conformance suite of the state backends: every scenario runs with keyed state in memory and
+//! (with feature `spill`) on disk behind a cache small enough to flush all the time; a checkpoint
+//! written under one backend restores under the other, also at another parallelism.
 
 use cutline::{
     CheckpointStore, FaultPoint, Faults, GeneratorSource, Job, JobGraph, LocalDirStore, Manifest, MemoryTxnSink,
-    MemoryTxnStore, RestartStrategy, RunConfig, RunError,
+    MemoryTxnStore, RestartStrategy, RunConfig, RunError, StateBackend,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -29,8 +33,22 @@ fn key(i: u64) -> u64 {
     }
 }
 
+/// Every backend of this build: memory, and disk behind a cache of 64 keys (a key in 60 per task)
+/// under `dir`.
+fn backends(dir: &Path) -> Vec<StateBackend> {
+    let mut all = vec![StateBackend::Memory];
+    if cfg!(feature = "spill") {
+        all.push(StateBackend::Disk { dir: dir.join("local-state"), cache_entries: 64 });
+    }
+    all
+}
+
 /// source -> (slow map) -> keyed running count (parallelism 2) -> sink.
 fn counting_job(out: Arc<Mutex<MemoryTxnStore>>) -> JobGraph {
+    counting_job_at(out, 2)
+}
+
+fn counting_job_at(out: Arc<Mutex<MemoryTxnStore>>, parallelism: u32) -> JobGraph {
     let job = Job::new("incremental");
     job.source_with_parallelism("numbers", 1, GeneratorSource::new(RECORDS, |i| i))
         .map(|i: u64| {
@@ -40,7 +58,7 @@ fn counting_job(out: Arc<Mutex<MemoryTxnStore>>) -> JobGraph {
             key(i)
         })
         .key_by(|k: &u64| *k)
-        .parallelism(2)
+        .parallelism(parallelism)
         .aggregate("counts", || 0u64, |c, _k| *c += 1, |k, c| format!("{k}:{c}"))
         .sink_with_parallelism("out", 1, MemoryTxnSink::new(out));
     job.build().expect("valid job")
@@ -74,8 +92,9 @@ fn assert_exact(out: &Arc<Mutex<MemoryTxnStore>>) {
     }
 }
 
-fn config(dir: &Path, incremental: bool) -> RunConfig {
+fn config(dir: &Path, incremental: bool, backend: &StateBackend) -> RunConfig {
     let mut cfg = RunConfig::new(Arc::new(LocalDirStore::open(dir).unwrap()), "incremental-v1");
+    cfg.state_backend = backend.clone();
     cfg.checkpoint.interval_ms = Some(20);
     cfg.batch_size = 16;
     cfg.retain = 3;
@@ -99,8 +118,13 @@ fn manifests(dir: &Path) -> Vec<Manifest> {
 }
 
 /// Runs until the `n`-th sink commit fails, then checks the retained checkpoints.
-fn run_until_crash(dir: &Path, out: &Arc<Mutex<MemoryTxnStore>>, incremental: bool, n: u64) -> Vec<Manifest> {
-    let mut cfg = config(dir, incremental);
+fn run_until_crash(
+    dir: &Path,
+    out: &Arc<Mutex<MemoryTxnStore>>,
+    (incremental, backend): (bool, &StateBackend),
+    n: u64,
+) -> Vec<Manifest> {
+    let mut cfg = config(dir, incremental, backend);
     crash_at_commit(&mut cfg, n);
     let err = cutline::run(&counting_job(out.clone()), cfg).expect_err("the injected failure stops the run");
     assert!(matches!(err, RunError::GaveUp { .. }), "{err}");
@@ -113,19 +137,31 @@ fn keyed_handles(m: &Manifest) -> impl Iterator<Item = &cutline::TaskStateHandle
 
 #[test]
 fn a_checkpoint_writes_what_changed_on_top_of_shared_files_and_restores_exactly() {
+    let scratch = tempfile::tempdir().unwrap();
+    for backend in backends(scratch.path()) {
+        a_checkpoint_writes_what_changed(&backend);
+    }
+}
+
+fn a_checkpoint_writes_what_changed(backend: &StateBackend) {
     let dir = tempfile::tempdir().unwrap();
     let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
-    let retained = run_until_crash(dir.path(), &out, true, 12);
+    let retained = run_until_crash(dir.path(), &out, (true, backend), 12);
     let latest = retained.last().expect("a complete checkpoint");
     // Once every key has state, a checkpoint holds the few hot keys only: far smaller than the
     // whole file at the start of its chain, which it shares.
     let chained: Vec<_> = keyed_handles(latest).filter(|h| !h.base.is_empty()).collect();
-    assert!(!chained.is_empty(), "the latest checkpoint {} is whole: {:?}", latest.checkpoint, latest.tasks);
+    assert!(
+        !chained.is_empty(),
+        "{backend:?}: the latest checkpoint {} is whole: {:?}",
+        latest.checkpoint,
+        latest.tasks
+    );
     for h in &chained {
         let whole = &h.base[0];
         assert!(
             h.size_bytes * 8 < whole.size_bytes,
-            "{} bytes on top of a whole file of {}",
+            "{backend:?}: {} bytes on top of a whole file of {}",
             h.size_bytes,
             whole.size_bytes
         );
@@ -133,26 +169,36 @@ fn a_checkpoint_writes_what_changed_on_top_of_shared_files_and_restores_exactly(
     }
     assert!(latest.full_size_bytes() > 4 * latest.total_size_bytes());
 
-    let report = cutline::run(&counting_job(out.clone()), config(dir.path(), true)).expect("restores");
+    let report = cutline::run(&counting_job(out.clone()), config(dir.path(), true, backend)).expect("restores");
     assert_eq!(report.restored_from, Some(latest.checkpoint));
     assert_exact(&out);
 }
 
 #[test]
 fn with_incremental_checkpoints_off_every_checkpoint_is_whole() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
-    let retained = run_until_crash(dir.path(), &out, false, 12);
-    assert!(retained.iter().flat_map(|m| &m.tasks).all(|t| t.base.is_empty()), "{retained:?}");
-    cutline::run(&counting_job(out.clone()), config(dir.path(), false)).expect("restores");
-    assert_exact(&out);
+    let scratch = tempfile::tempdir().unwrap();
+    for backend in backends(scratch.path()) {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+        let retained = run_until_crash(dir.path(), &out, (false, &backend), 12);
+        assert!(retained.iter().flat_map(|m| &m.tasks).all(|t| t.base.is_empty()), "{backend:?}: {retained:?}");
+        cutline::run(&counting_job(out.clone()), config(dir.path(), false, &backend)).expect("restores");
+        assert_exact(&out);
+    }
 }
 
 #[test]
 fn a_damaged_newest_checkpoint_falls_back_to_an_older_one_that_shares_its_files() {
+    let scratch = tempfile::tempdir().unwrap();
+    for backend in backends(scratch.path()) {
+        falls_back_past_a_damaged_checkpoint(&backend);
+    }
+}
+
+fn falls_back_past_a_damaged_checkpoint(backend: &StateBackend) {
     let dir = tempfile::tempdir().unwrap();
     let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
-    let retained = run_until_crash(dir.path(), &out, true, 12);
+    let retained = run_until_crash(dir.path(), &out, (true, backend), 12);
     let [.., previous, latest] = &retained[..] else { panic!("two complete checkpoints: {retained:?}") };
     // The previous checkpoint builds on files the damaged one shares: the fallback reads them.
     let own: Vec<&str> = latest.tasks.iter().map(|t| t.file.as_str()).collect();
@@ -165,7 +211,46 @@ fn a_damaged_newest_checkpoint_falls_back_to_an_older_one_that_shares_its_files(
     bytes[mid] ^= 0x40;
     std::fs::write(&damaged, bytes).unwrap();
 
-    let report = cutline::run(&counting_job(out.clone()), config(dir.path(), true)).expect("falls back");
+    let report = cutline::run(&counting_job(out.clone()), config(dir.path(), true, backend)).expect("falls back");
     assert_eq!(report.restored_from, Some(previous.checkpoint));
     assert_exact(&out);
+}
+
+#[test]
+fn a_checkpoint_written_under_one_backend_restores_under_the_other_also_rescaled() {
+    let scratch = tempfile::tempdir().unwrap();
+    let all = backends(scratch.path());
+    if all.len() < 2 {
+        return; // one backend in this build
+    }
+    for (from, to, parallelism) in
+        [(&all[0], &all[1], 2), (&all[1], &all[0], 2), (&all[0], &all[1], 3), (&all[1], &all[1], 1)]
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+        let retained = run_until_crash(dir.path(), &out, (true, from), 12);
+        let latest = retained.last().expect("a complete checkpoint");
+        let report = cutline::run(&counting_job_at(out.clone(), parallelism), config(dir.path(), true, to))
+            .unwrap_or_else(|e| panic!("{from:?} to {to:?} at parallelism {parallelism}: {e}"));
+        assert_eq!(report.restored_from, Some(latest.checkpoint));
+        assert_exact(&out);
+    }
+    let left: Vec<_> = std::fs::read_dir(scratch.path().join("local-state")).unwrap().collect();
+    assert!(left.is_empty(), "the disk backend's stores outlived their tasks: {left:?}");
+}
+
+#[test]
+fn a_disk_backend_that_cannot_create_its_directory_fails_the_run_naming_it() {
+    if !cfg!(feature = "spill") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let blocked = dir.path().join("a-file");
+    std::fs::write(&blocked, b"in the way").unwrap();
+    let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+    let backend = StateBackend::Disk { dir: blocked.join("state"), cache_entries: 64 };
+    let mut cfg = config(&dir.path().join("checkpoints"), true, &backend);
+    cfg.restart = RestartStrategy::None;
+    let err = cutline::run(&counting_job(out), cfg).expect_err("no store can be created").to_string();
+    assert!(err.contains("local state store") && err.contains("a-file"), "{err}");
 }

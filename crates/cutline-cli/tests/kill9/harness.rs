@@ -224,6 +224,9 @@ pub(crate) struct KillScenario {
 pub(crate) enum KillJob {
     /// Word count over a generated text of `KILL_INPUT_LINES` lines.
     Wordcount,
+    /// The same with its counts in the disk state backend (`local-state` in the scratch directory)
+    /// behind a cache of 16 words per task (needs feature `spill`).
+    WordcountOnDisk,
     /// A Nexmark query over generated events: (query, events, --pace-us).
     Nexmark(&'static str, u64, u64),
 }
@@ -252,7 +255,7 @@ pub(crate) fn kill_and_resume(sc: &KillScenario) -> KillOutcome {
     let output = scratch.path("output");
     let state = scratch.path("state");
     let text = match sc.job {
-        KillJob::Wordcount => {
+        KillJob::Wordcount | KillJob::WordcountOnDisk => {
             let text = generate_text(ctx.seed, KILL_INPUT_LINES);
             let input = scratch.path("input.txt");
             std::fs::write(&input, &text).unwrap_or_else(|e| ctx.fail(format!("writing {}: {e}", input.display())));
@@ -265,6 +268,13 @@ pub(crate) fn kill_and_resume(sc: &KillScenario) -> KillOutcome {
         match sc.job {
             KillJob::Wordcount => {
                 wordcount_args(&scratch.path("input.txt"), &output, &state, p, CHECKPOINT_INTERVAL, sc.mode)
+            }
+            KillJob::WordcountOnDisk => {
+                let mut a =
+                    wordcount_args(&scratch.path("input.txt"), &output, &state, p, CHECKPOINT_INTERVAL, sc.mode);
+                a.extend(["--state-backend".into(), "disk".into(), "--state-cache-entries".into(), "16".into()]);
+                a.extend(["--local-state-dir".into(), scratch.path("local-state").into()]);
+                a
             }
             KillJob::Nexmark(query, events, pace_us) => {
                 nexmark_args((query, events, pace_us), &output, &state, p, CHECKPOINT_INTERVAL, sc.mode)
@@ -329,7 +339,7 @@ pub(crate) fn kill_and_resume(sc: &KillScenario) -> KillOutcome {
         runs.iter().flat_map(|r| common::events(&common::read_lossy(&r.with_extension("stderr")))).collect();
     check_checkpoints(&ctx, sc.mode, &events, &delays);
     let nexmark = match sc.job {
-        KillJob::Wordcount => None,
+        KillJob::Wordcount | KillJob::WordcountOnDisk => None,
         KillJob::Nexmark(query, events, _) => Some((query.parse().unwrap_or_else(|e: String| ctx.fail(e)), events)),
     };
     KillOutcome { ctx, scratch, text, nexmark, output, args, deadline }

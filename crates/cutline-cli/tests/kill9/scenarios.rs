@@ -83,6 +83,30 @@ fn kill_9_at_random_moments_and_restart_at_another_parallelism_each_time_gives_e
     assert_exact_output(&o);
 }
 
+/// Word counts in the disk state backend, flushed all the time (a cache of 16 words), restarted at
+/// another parallelism after some kills: the stores are rebuilt from the checkpoints, and those the
+/// killed processes left are removed by the runs after them.
+#[cfg(feature = "spill")]
+#[test]
+fn kill_9_at_random_moments_with_state_on_disk_then_resume_gives_exact_output() {
+    let o = kill_and_resume(&KillScenario {
+        test: "kill_9_at_random_moments_with_state_on_disk_then_resume_gives_exact_output",
+        default_seed: 6,
+        parallelism: &[2, 2, 3, 1],
+        mode: "exactly-once",
+        job: KillJob::WordcountOnDisk,
+    });
+    assert_exact_output(&o);
+    let local = o.scratch.path("local-state");
+    let left: Vec<_> = std::fs::read_dir(&local)
+        .unwrap_or_else(|e| o.ctx.fail(format!("the disk backend made no {}: {e}", local.display())))
+        .map(|e| e.map(|e| e.file_name()))
+        .collect();
+    if !left.is_empty() {
+        o.ctx.fail(format!("stores left in {} after the job finished: {left:?}", local.display()));
+    }
+}
+
 #[test]
 fn kill_9_at_random_moments_with_one_worker_then_resume_gives_exact_output() {
     let o = kill_and_resume(&KillScenario {

@@ -225,6 +225,7 @@ mod tests {
                 max_channel_state_bytes: 1,
                 snapshot_writers: 1,
                 incremental_checkpoints: true,
+                state_backend: crate::state::StateBackend::Memory,
                 max_frame_bytes: 1 << 20,
             },
         }

@@ -142,6 +142,7 @@ impl ClusterBackend {
             max_channel_state_bytes: cfg.max_channel_state_bytes,
             snapshot_writers: cfg.snapshot_writers as u32,
             incremental_checkpoints: cfg.incremental_checkpoints,
+            state_backend: cfg.state_backend.clone(),
             max_frame_bytes: cluster.max_frame_bytes,
         };
         let job = JobInfo {

@@ -50,6 +50,8 @@ pub(crate) struct WorkerSettings {
     pub max_channel_state_bytes: u64,
     pub snapshot_writers: u32,
     pub incremental_checkpoints: bool,
+    /// Where keyed operators keep their state (a disk backend's directory is a path on the worker).
+    pub state_backend: crate::state::StateBackend,
     pub max_frame_bytes: u32,
 }
 

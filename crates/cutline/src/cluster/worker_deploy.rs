@@ -170,6 +170,7 @@ fn deploy_here(
         incarnation_base: generation.0 << 32,
         job_id: job_id(fingerprint),
         batch_size: settings.batch_size as usize,
+        state_backend: &settings.state_backend,
         channel_capacity: settings.channel_capacity as usize,
         max_channel_state_bytes: settings.max_channel_state_bytes,
     };

@@ -26,6 +26,8 @@ pub(crate) struct StageCtx<'a> {
     pub incarnation: u64,
     pub job_id: String,
     pub batch_size: usize,
+    /// Where keyed operators keep their state.
+    pub state_backend: &'a crate::state::StateBackend,
     /// Per input edge, in the stage's input order: a boxed `Vec<Rx<T>>`.
     pub inputs: Vec<Box<dyn Any + Send>>,
     /// Per output edge (by edge index, in the stage's output order): a boxed `Vec<Tx<T>>`.

@@ -4,11 +4,10 @@
 //! function emits records.
 
 use super::emit::{delegate_lifecycle, Emit, Pending};
+use super::keyed_state::KeyedState;
 use super::timers::{processing_time, restore_event_time, TimeDomain, TimerCmd, Timers};
 use crate::error::TaskError;
-use crate::state::{
-    encode_plain, CowMap, ElementState, Evolve, Frozen, KeyedLayer, Migration, PlainImage, StateImage, StateSchema,
-};
+use crate::state::{encode_plain, Evolve, KeyedLayer, Migration, PlainImage, StateSchema};
 use crate::state::{key_group_of_hash, stable_hash, Key, RestoreIndex, SnapshotBuilder, StateValue};
 use cutline_core::barrier::Barrier;
 use cutline_core::watermark::{EventTime, WatermarkUpdate};
@@ -132,9 +131,9 @@ pub(crate) struct KeyedProcessOp<K, T, S, O> {
     pub uid: String,
     pub key_fn: Arc<dyn Fn(&T) -> K + Send + Sync>,
     pub f: KeyedFn<K, T, S, O>,
-    /// The value state. A key whose state a call set to `None` is removed after the call (only
-    /// `end_of_input` may leave one behind, and snapshots skip it).
-    pub state: CowMap<K, Option<S>>,
+    /// The value state, in the job's backend. A key whose state a call set to `None` is removed
+    /// after the call (only `end_of_input` may leave one behind, and snapshots skip it).
+    pub state: KeyedState<K, S>,
     pub range: KeyGroupRange,
     pub max_parallelism: u32,
     pub next: Box<dyn Emit<O>>,
@@ -232,6 +231,7 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp
             }
             Ok(())
         };
+        self.state.restoring(&self.uid, true)?;
         for (kg, layer) in index.keyed(&self.uid, self.range, self.max_parallelism)? {
             let (mut removes, mut upserts, whole) = match layer {
                 KeyedLayer::Whole(b) => (&[][..], b, true),
@@ -241,13 +241,13 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp
                 let (k, rest): (K, &[u8]) =
                     postcard::take_from_bytes(removes).map_err(|e| err(format!("decoding a removed key: {e}")))?;
                 check_group(&k, kg)?;
-                self.state.remove(&k);
+                self.state.remove(&self.uid, &k)?;
                 removes = rest;
             }
             while !upserts.is_empty() {
                 let ((k, v), used) = take_pair(upserts)?;
                 check_group(&k, kg)?;
-                if self.state.insert(k, Some(v)).is_some() && whole {
+                if self.state.insert(&self.uid, k, Some(v))? && whole {
                     return Err(err(format!(
                         "a key is stored twice in key group {kg}: the checkpoint is inconsistent"
                     )));
@@ -255,6 +255,7 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp
                 upserts = &upserts[used..];
             }
         }
+        self.state.restoring(&self.uid, false)?;
         self.timers.restore(index, &timers_uid(&self.uid))?;
         self.processing_timers.restore(index, &processing_timers_uid(&self.uid))?;
         self.watermark = restore_event_time(index, &watermark_uid(&self.uid), subtask, parallelism)?;
@@ -283,11 +284,11 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp
             Call::Timer(t) => f.on_timer(&k, slot, t, out),
             Call::ProcessingTimer(t) => f.on_processing_timer(&k, slot, t, out),
         };
-        let inserted = match self.state.get_mut(&k) {
+        let inserted = match self.state.get_mut(&self.uid, &k)? {
             Some(slot) => {
                 run(slot, &mut out);
                 if slot.is_none() {
-                    self.state.remove(&k);
+                    self.state.remove(&self.uid, &k)?;
                 }
                 None
             }
@@ -302,7 +303,7 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp
             self.apply_timer_cmds(&k);
         }
         if let Some(slot) = inserted {
-            self.state.insert(k, slot);
+            self.state.insert(&self.uid, k, slot)?;
         }
         match err {
             None => Ok(()),
@@ -377,8 +378,8 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> Emit<T> for Ke
 
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
         snap.page_copies += self.state.take_copies() + self.timers.take_copies() + self.processing_timers.take_copies();
-        let image = KeyedImage { uid: self.uid.clone(), frozen: self.state.freeze(b.checkpoint, snap.base) };
-        snap.add(&self.uid, Box::new(image));
+        let image = self.state.image(&self.uid, b.checkpoint, snap.base)?;
+        snap.add(&self.uid, image);
         snap.add(&schema_uid(&self.uid), Box::new(PlainImage(self.schema.1.clone())));
         if self.timers.len() > 0 {
             snap.add(&timers_uid(&self.uid), self.timers.image(&self.uid, b.checkpoint, snap.base));
@@ -407,10 +408,10 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> Emit<T> for Ke
             timers: &mut self.cmds,
         };
         let f = &*self.f;
-        self.state.for_each_mut(|k, slot| {
+        self.state.for_each_mut(&self.uid, |k, slot| {
             f.end_of_input(k, slot, &mut out);
             out.err.is_none()
-        });
+        })?;
         let err = out.err;
         // Timers set here never fire: event time already ended.
         self.cmds.clear();
@@ -421,16 +422,4 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> Emit<T> for Ke
     }
 
     delegate_lifecycle!();
-}
-
-/// Keyed state as it was at a barrier: its pages, shared with the task.
-struct KeyedImage<K, S> {
-    uid: String,
-    frozen: Frozen<K, Option<S>>,
-}
-
-impl<K: Key, S: StateValue> StateImage for KeyedImage<K, S> {
-    fn encode(self: Box<Self>, incremental: bool) -> Result<ElementState, String> {
-        self.frozen.encode(&self.uid, Option::as_ref, incremental)
-    }
 }

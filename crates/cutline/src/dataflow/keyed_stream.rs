@@ -5,10 +5,11 @@ use super::api::{ChainFn, ConnectedStreams, Either, KeyedStream, Part, Stream};
 use super::body::{InputBody, TaskBody};
 use super::graph::EdgeKind;
 use super::keyed::{KeyedFn, KeyedProcess, KeyedProcessOp, Output, ProcessFn};
+use super::keyed_state::KeyedState;
 use super::router::Partitioner;
 use super::timers::Timers;
 use crate::channel::Data;
-use crate::state::{stable_hash, CowMap, Key, Migration, StateSchema, StateValue};
+use crate::state::{stable_hash, Key, Migration, StateSchema, StateValue};
 use cutline_core::KeyGroupRange;
 use std::sync::Arc;
 
@@ -85,7 +86,13 @@ impl<K: Key, T: Data> KeyedStream<K, T> {
                 uid: uid.clone(),
                 key_fn: key.clone(),
                 f: f.clone(),
-                state: CowMap::incremental(range, ctx.max_parallelism),
+                state: KeyedState::new(
+                    ctx.state_backend,
+                    &uid,
+                    &format!("{}-{uid}-{}-{}", ctx.job_id, ctx.subtask, ctx.incarnation),
+                    range,
+                    ctx.max_parallelism,
+                )?,
                 range,
                 max_parallelism: ctx.max_parallelism,
                 next: tail,

@@ -15,6 +15,7 @@ mod fork;
 mod graph;
 mod join;
 mod keyed;
+mod keyed_state;
 mod keyed_stream;
 mod router;
 mod sink_op;

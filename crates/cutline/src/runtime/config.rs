@@ -3,6 +3,7 @@
 
 use super::error::RunError;
 use crate::fault::Faults;
+use crate::state::StateBackend;
 use cutline_core::coordinator::CheckpointConfig;
 use cutline_core::restart::RestartStrategy;
 use cutline_storage::CheckpointStore;
@@ -46,6 +47,9 @@ pub struct RunConfig {
     /// changed since its latest complete checkpoint, on top of that checkpoint's files, which later
     /// manifests then share. Off: every snapshot holds all state. Savepoints are always whole.
     pub incremental_checkpoints: bool,
+    /// Where keyed operators keep their state between checkpoints (default
+    /// [`StateBackend::Memory`]; [`StateBackend::Disk`] for state larger than memory, feature `spill`).
+    pub state_backend: StateBackend,
     /// Failure injection (drills, tests; feature `testing`); none by default.
     #[cfg(feature = "testing")]
     pub faults: Faults,
@@ -93,6 +97,7 @@ impl RunConfig {
             batch_size: crate::dataflow::DEFAULT_BATCH_SIZE,
             snapshot_writers: 1,
             incremental_checkpoints: true,
+            state_backend: StateBackend::Memory,
             #[cfg(feature = "testing")]
             faults: Faults::none(),
             tick_ms: DEFAULT_TICK_MS,
@@ -116,6 +121,7 @@ impl RunConfig {
         self.checkpoint.validate().map_err(RunError::Config)?;
         self.restart.validate().map_err(RunError::Config)?;
         let bad = |m: &str| Err(RunError::Config(m.to_string()));
+        self.state_backend.check().map_err(RunError::Config)?;
         if self.retain == 0 {
             return bad("retain must keep at least 1 checkpoint");
         }

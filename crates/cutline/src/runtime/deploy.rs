@@ -50,6 +50,8 @@ pub(crate) struct DeployOptions<'a> {
     /// Short id of the job (see `SinkContext::job`).
     pub job_id: String,
     pub batch_size: usize,
+    /// Where keyed operators keep their state.
+    pub state_backend: &'a crate::state::StateBackend,
     /// Batches per channel (credit).
     pub channel_capacity: usize,
     /// Limit of one checkpoint's channel state at one task.
@@ -160,6 +162,7 @@ pub(crate) fn deploy_placed(
                 incarnation: opts.incarnation_base + next_id as u64,
                 job_id: opts.job_id.clone(),
                 batch_size: opts.batch_size,
+                state_backend: opts.state_backend,
                 inputs,
                 outputs,
             };

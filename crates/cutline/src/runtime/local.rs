@@ -235,6 +235,7 @@ impl Backend for LocalBackend {
             incarnation_base: generation.0 << 32,
             job_id: job_id(&cfg.job_fingerprint),
             batch_size: cfg.batch_size,
+            state_backend: &cfg.state_backend,
             channel_capacity: cfg.channel_capacity,
             max_channel_state_bytes: cfg.max_channel_state_bytes,
         };

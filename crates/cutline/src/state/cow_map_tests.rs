@@ -3,33 +3,12 @@
 
 use super::*;
 use crate::state::splitmix64;
-use crate::state::{key_group_of_hash, ElementState};
+use crate::state::testkit::{apply, decode, sorted};
+use crate::state::ElementState;
 use std::collections::HashMap;
 
 fn map() -> CowMap<u64, u64> {
     CowMap::new(KeyGroupRange::for_subtask(128, 1, 0), 128)
-}
-
-fn decode(state: ElementState) -> Vec<(u64, u64)> {
-    let ElementState::Keyed { groups, .. } = state else { panic!("keyed") };
-    let mut out = Vec::new();
-    for (kg, blob) in groups {
-        let mut rest: &[u8] = &blob;
-        while !rest.is_empty() {
-            let (pair, r): ((u64, u64), &[u8]) = postcard::take_from_bytes(rest).unwrap();
-            assert_eq!(key_group_of_hash(stable_hash(&pair.0), 128), kg, "filed under its key group");
-            out.push(pair);
-            rest = r;
-        }
-    }
-    out.sort();
-    out
-}
-
-fn sorted(model: &HashMap<u64, u64>) -> Vec<(u64, u64)> {
-    let mut v: Vec<(u64, u64)> = model.iter().map(|(k, v)| (*k, *v)).collect();
-    v.sort();
-    v
 }
 
 #[test]
@@ -122,29 +101,6 @@ fn the_projection_leaves_entries_out() {
     m.insert(1, Some(10));
     m.insert(2, None);
     assert_eq!(decode(m.freeze_whole().encode("op", Option::as_ref, false).unwrap()), [(1, 10)]);
-}
-
-/// `base` with an incremental snapshot applied on top: removals first, then the records.
-fn apply(base: &HashMap<u64, u64>, state: ElementState) -> HashMap<u64, u64> {
-    let ElementState::KeyedDelta { groups, .. } = state else { panic!("incremental") };
-    let mut out = base.clone();
-    for (kg, upserts, removes) in groups {
-        let mut rest: &[u8] = &removes;
-        while !rest.is_empty() {
-            let (k, r): (u64, &[u8]) = postcard::take_from_bytes(rest).unwrap();
-            assert_eq!(key_group_of_hash(stable_hash(&k), 128), kg, "filed under its key group");
-            out.remove(&k);
-            rest = r;
-        }
-        let mut rest: &[u8] = &upserts;
-        while !rest.is_empty() {
-            let ((k, v), r): ((u64, u64), &[u8]) = postcard::take_from_bytes(rest).unwrap();
-            assert_eq!(key_group_of_hash(stable_hash(&k), 128), kg, "filed under its key group");
-            out.insert(k, v);
-            rest = r;
-        }
-    }
-    out
 }
 
 #[test]

@@ -79,27 +79,6 @@ impl<K: Key, V: Send + Sync + 'static> Frozen<K, V> {
                 }
             }
         }
-        let start = range.start;
-        Ok(match since {
-            None => ElementState::Keyed {
-                max_parallelism,
-                groups: upserts
-                    .into_iter()
-                    .enumerate()
-                    .filter(|(_, g)| !g.is_empty())
-                    .map(|(i, g)| (start + i as u32, g))
-                    .collect(),
-            },
-            Some(_) => ElementState::KeyedDelta {
-                max_parallelism,
-                groups: upserts
-                    .into_iter()
-                    .zip(removes)
-                    .enumerate()
-                    .filter(|(_, (u, r))| !u.is_empty() || !r.is_empty())
-                    .map(|(i, (u, r))| (start + i as u32, u, r))
-                    .collect(),
-            },
-        })
+        Ok(ElementState::keyed(range.start, max_parallelism, upserts, since.map(|_| removes)))
     }
 }

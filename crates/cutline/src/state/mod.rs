@@ -5,18 +5,26 @@
 //! It does not write or read files (the storage crate does), does not decide when to snapshot (the
 //! task's control plane does), and knows no operator: operators put images in and take bytes out.
 
+mod backend;
 mod cow_map;
+#[cfg(feature = "spill")]
+mod disk;
 mod frozen;
 mod hash;
 mod restore;
 mod schema;
 mod snapshot;
+#[cfg(test)]
+mod testkit;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::hash::Hash;
 
+pub use backend::{StateBackend, DEFAULT_DISK_CACHE_ENTRIES};
 pub(crate) use cow_map::{CowMap, Frozen};
+#[cfg(feature = "spill")]
+pub(crate) use disk::{DiskImage, DiskMap};
 pub(crate) use hash::{key_group_of_hash, KeyHasher};
 pub use hash::{splitmix64, stable_hash, StableHasher};
 #[cfg(test)]

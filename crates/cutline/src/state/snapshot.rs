@@ -23,6 +23,34 @@ impl ElementState {
     pub fn is_delta(&self) -> bool {
         matches!(self, ElementState::KeyedDelta { .. })
     }
+
+    /// Keyed state from per key group blobs, the first being group `start`'s: whole
+    /// ([`ElementState::Keyed`]) from `upserts` alone, or with `removes` what changed
+    /// ([`ElementState::KeyedDelta`]). Groups with nothing are left out.
+    pub fn keyed(start: u32, max_parallelism: u32, upserts: Vec<Vec<u8>>, removes: Option<Vec<Vec<u8>>>) -> Self {
+        let at = |i: usize| start + i as u32;
+        match removes {
+            None => ElementState::Keyed {
+                max_parallelism,
+                groups: upserts
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(_, g)| !g.is_empty())
+                    .map(|(i, g)| (at(i), g))
+                    .collect(),
+            },
+            Some(removes) => ElementState::KeyedDelta {
+                max_parallelism,
+                groups: upserts
+                    .into_iter()
+                    .zip(removes)
+                    .enumerate()
+                    .filter(|(_, (u, r))| !u.is_empty() || !r.is_empty())
+                    .map(|(i, (u, r))| (at(i), u, r))
+                    .collect(),
+            },
+        }
+    }
 }
 
 /// The payload of one task state file.

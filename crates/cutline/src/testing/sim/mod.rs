@@ -172,6 +172,8 @@ pub struct SimReport {
     pub savepoints_requested: u64,
     /// Times the job stopped with a savepoint (and a new process resumed it).
     pub stopped_with_savepoint: u64,
+    /// Seeds whose keyed operators kept their state on disk (feature `spill`).
+    pub disk_state_seeds: u64,
 }
 
 pub(super) const FINGERPRINT: &str = "sim-job";
@@ -254,7 +256,24 @@ impl Sim {
         cfg.channel_capacity = 1 + self.rand(4) as usize;
         // Small enough that some unaligned checkpoints are declined for their channel state.
         cfg.max_channel_state_bytes = 200 + self.rand(4000);
+        if let Some(backend) = self.disk_backend() {
+            cfg.state_backend = backend;
+        }
         cfg
+    }
+
+    /// One seed in four keeps keyed state on disk (with feature `spill`) behind a cache of a few
+    /// keys, so that it flushes all the time. Chosen from the seed, not drawn from the generator:
+    /// seeds replay as they did before the choice existed. The stores go to /dev/shm where there is
+    /// one: every task incarnation creates one, and creating a store syncs it.
+    fn disk_backend(&self) -> Option<crate::state::StateBackend> {
+        let pick = crate::state::splitmix64(self.seed ^ 0xd15c_5eed);
+        let shm = std::path::Path::new("/dev/shm");
+        let root = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+        (cfg!(feature = "spill") && pick.is_multiple_of(4)).then(|| crate::state::StateBackend::Disk {
+            dir: root.join(format!("cutline-sim-state-{}", std::process::id())),
+            cache_entries: 1 + (pick >> 8) as usize % 8,
+        })
     }
 
     /// Random checkpoint settings for the scenario's mode and alignment.
@@ -339,6 +358,7 @@ impl Sim {
                 }
             }
         }
+        self.report.disk_state_seeds = u64::from(self.disk_backend().is_some());
         Ok(self.report)
     }
 
@@ -424,6 +444,7 @@ impl LifeHost for SimHost<'_> {
             incarnation_base: generation.0 << 32,
             job_id: job_id(FINGERPRINT),
             batch_size: self.cfg.batch_size,
+            state_backend: &self.cfg.state_backend,
             channel_capacity: self.cfg.channel_capacity,
             max_channel_state_bytes: self.cfg.max_channel_state_bytes,
         };
