@@ -2,7 +2,7 @@
 """Compare two `cutline` binaries on the keyed benchmark, interleaved in one sitting.
 
 Usage: scripts/bench-ab.py OLD_BINARY NEW_BINARY [--events N] [--keys K] [--reps R] [--configs p1,p2,w2]
-                           [--new-args "--scrape-every 1s"]
+                           [--new-args "--scrape-every 1s"] [--args "--hot-keys 10000 --state-backend disk"]
 
 Each repetition runs every configuration once with each binary, alternating which goes first, so
 that the machine's load hits both alike. Configurations: `p1` / `p2` (parallelism 1 / 2 in one
@@ -21,6 +21,7 @@ ap.add_argument("--reps", type=int, default=5)
 ap.add_argument("--configs", default="p1,p2,w2")
 ap.add_argument("--keys", default="100000")
 ap.add_argument("--new-args", default="", help="extra arguments of the new binary's runs only")
+ap.add_argument("--args", default="", help="extra arguments of both binaries' runs")
 a = ap.parse_args()
 flags = {"p1": ["--parallelism", "1"], "p2": ["--parallelism", "2"], "w2": ["--parallelism", "2", "--workers", "2"]}
 configs = a.configs.split(",")
@@ -30,7 +31,7 @@ for rep in range(a.reps):
         order = [("old", a.old), ("new", a.new)] if rep % 2 == 0 else [("new", a.new), ("old", a.old)]
         for name, exe in order:
             events = a.events if c != "w2" else str(int(a.events) * 2 // 3)
-            extra = a.new_args.split() if name == "new" else []
+            extra = a.args.split() + (a.new_args.split() if name == "new" else [])
             out = subprocess.run([exe, "bench", "--events", events, "--keys", a.keys, "--checkpoint-interval", "1s"]
                                  + flags[c] + extra, check=True, capture_output=True, text=True).stdout
             line = [l for l in out.splitlines() if "events_per_s=" in l][-1]

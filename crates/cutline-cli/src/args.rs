@@ -122,9 +122,10 @@ pub(crate) struct StateBackendArgs {
     /// temporary directory). Scratch space: the state is rebuilt from the checkpoint on restart.
     #[arg(long, value_name = "DIR")]
     pub(crate) local_state_dir: Option<PathBuf>,
-    /// Keys each task of the disk backend caches in memory.
-    #[arg(long, default_value_t = cutline::DEFAULT_DISK_CACHE_ENTRIES, value_name = "N")]
-    pub(crate) state_cache_entries: usize,
+    /// Keys each task of the disk backend caches in memory (default 65536). Up to four caches are
+    /// in memory per task: its own and three its store's writer is still writing.
+    #[arg(long, value_name = "N")]
+    pub(crate) state_cache_entries: Option<usize>,
 }
 
 impl StateBackendArgs {
@@ -134,10 +135,13 @@ impl StateBackendArgs {
             "memory" if self.local_state_dir.is_some() => {
                 anyhow::bail!("--local-state-dir is for --state-backend disk")
             }
+            "memory" if self.state_cache_entries.is_some() => {
+                anyhow::bail!("--state-cache-entries is for --state-backend disk")
+            }
             "memory" => Ok(cutline::StateBackend::Memory),
             "disk" => Ok(cutline::StateBackend::Disk {
                 dir: self.local_state_dir.clone().unwrap_or_else(|| std::env::temp_dir().join("cutline-state")),
-                cache_entries: self.state_cache_entries,
+                cache_entries: self.state_cache_entries.unwrap_or(cutline::DEFAULT_DISK_CACHE_ENTRIES),
             }),
             other => anyhow::bail!("--state-backend {other:?}: use memory or disk"),
         }

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// Keys the tally keeps the latest value of: `(count, sum)`, 16 bytes per key in every sink subtask.
-pub const BENCH_MAX_KEYS: u64 = 1 << 22;
+pub const BENCH_MAX_KEYS: u64 = 1 << 27;
 
 /// A sink subtask's totals as of a checkpoint (its committable).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

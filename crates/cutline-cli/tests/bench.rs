@@ -99,6 +99,27 @@ fn the_keyed_benchmark_with_state_on_disk_on_two_worker_processes_checks_its_sin
 }
 
 #[test]
+fn state_backend_flags_that_cannot_work_are_refused_before_the_job_starts() {
+    let local = tempfile::tempdir().unwrap();
+    let dir = local.path().join("local-state");
+    let dir = dir.to_str().unwrap();
+    for (flags, says) in [
+        (vec!["--state-backend", "rocksdb"], "--state-backend \"rocksdb\": use memory or disk"),
+        (vec!["--local-state-dir", dir], "--local-state-dir is for --state-backend disk"),
+        (vec!["--state-cache-entries", "100"], "--state-cache-entries is for --state-backend disk"),
+        (
+            vec!["--state-backend", "disk", "--local-state-dir", dir, "--state-cache-entries", "0"],
+            "needs a cache of at least 1 entry",
+        ),
+    ] {
+        let out = common::cutline().args(["bench", "--events", "1000", "--keys", "10"]).args(&flags).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(says), "{flags:?}: {stderr}");
+    }
+    assert!(!local.path().join("local-state").exists(), "a refused run made its store directory");
+}
+
+#[test]
 fn after_a_killed_worker_the_benchmark_still_counts_every_update_exactly_once() {
     let events = 6_000_000;
     let r = bench(&[

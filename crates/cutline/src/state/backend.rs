@@ -16,17 +16,18 @@ pub enum StateBackend {
     #[default]
     Memory,
     /// On local disk, for state larger than memory (cargo feature `spill`): each keyed operator task
-    /// keeps an embedded store (redb, a B-tree file) under `dir`, holding the state as it was at its
-    /// last flush, and in memory a write-back cache of at most `cache_entries` keys it read or wrote
-    /// since; a full cache is flushed to the store in one transaction and emptied. At a barrier the
-    /// task flushes the keys it changed (time grows with the cache, not with the state) and the
-    /// snapshot reads the store's view at that moment while processing goes on. The store is scratch
-    /// space: a restarted task refills a new one from the checkpoint, and files left by a killed
-    /// process are removed when a later one starts under the same `dir`. On a cluster, `dir` is a
-    /// path on each worker's machine.
+    /// keeps an embedded store (redb, a B-tree file) under `dir`, and in memory a write-back cache
+    /// of at most `cache_entries` keys it read or wrote. A full cache is handed whole to the store's
+    /// writer thread, which writes it in one transaction, and the task goes on with an empty one. At
+    /// a barrier the task hands its cache over the same way (a swap: the barrier's cost does not
+    /// grow with the state or the cache) and the snapshot reads the store's view right after that
+    /// cache is written, while processing goes on. At most four caches are in memory (the task's and
+    /// three being written). The store is scratch space: a restarted task refills a new one from
+    /// the checkpoint, and files left by a killed process are removed when a later one starts under
+    /// the same `dir`. On a cluster, `dir` is a path on each worker's machine.
     Disk {
-        /// The directory of the stores (created if missing). A local disk: the store reads and
-        /// writes it on the task thread.
+        /// The directory of the stores (created if missing). A local disk: the task reads it on a
+        /// cache miss.
         dir: PathBuf,
         /// Keys cached in memory per task (at least 1; default [`DEFAULT_DISK_CACHE_ENTRIES`]).
         cache_entries: usize,

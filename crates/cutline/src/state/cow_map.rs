@@ -203,7 +203,7 @@ pub(crate) struct CowMap<K, V> {
     /// What writes are stamped with now.
     epoch: Epoch,
     /// The epoch at each of the last [`FREEZES_KEPT`] freezes, by checkpoint.
-    freezes: std::collections::VecDeque<(CheckpointId, Epoch)>,
+    freezes: super::freeze_log::FreezeLog<Epoch>,
     /// Keys removed, when the map snapshots incrementally (`None`: whole snapshots only).
     removals: Option<Removals<K>>,
 }
@@ -234,7 +234,7 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
             len: 0,
             copies: 0,
             epoch: 0,
-            freezes: std::collections::VecDeque::new(),
+            freezes: super::freeze_log::FreezeLog::new(FREEZES_KEPT),
             removals: None,
         };
         m.allocate(MIN_SLOTS);
@@ -502,16 +502,8 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
     pub fn freeze(&mut self, checkpoint: CheckpointId, base: Option<CheckpointId>) -> Frozen<K, V> {
         self.meta.iter_mut().for_each(|m| m.owned = false);
         let epoch = self.epoch;
-        let base_epoch = base.and_then(|b| self.freezes.iter().find(|(c, _)| *c == b).map(|(_, e)| *e));
-        if let Some(b) = base {
-            while self.freezes.front().is_some_and(|(c, _)| *c < b) {
-                self.freezes.pop_front();
-            }
-        }
-        if self.freezes.len() == FREEZES_KEPT {
-            self.freezes.pop_front();
-        }
-        self.freezes.push_back((checkpoint, epoch));
+        let base_epoch = base.and_then(|b| self.freezes.get(b).copied());
+        self.freezes.record(checkpoint, base, epoch);
         let mut since = None;
         let mut removed = Vec::new();
         if let Some(log) = &mut self.removals {

@@ -8,74 +8,65 @@
 //! postcard encoding. A snapshot's `(key, value)` record is then the stored key without its group
 //! followed by the stored value, as [`ElementState`] wants it, without decoding either.
 
+use super::disk_writer::{open_view, store_err, Cached, Handed, KeyLog, Slot, StoreFile, View, Writer, KV};
+use super::freeze_log::FreezeLog;
 use super::hash::{key_group_of_hash, stable_hash};
 use super::snapshot::{ElementState, StateImage};
 use super::{Key, StateValue};
 use cutline_core::{CheckpointId, KeyGroup, KeyGroupRange};
-use redb::{Database, Durability, ReadOnlyTable, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableTable};
 use std::collections::{HashMap, VecDeque};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-const KV: TableDefinition<&[u8], &[u8]> = TableDefinition::new("kv");
-
-/// Keys written to the store between two durable commits. The other commits are not synced to
-/// disk, which the store does not need (a restarted task refills a new one from the checkpoint), but
-/// it reuses the pages they free only after a durable commit: this bounds the file's growth (about a
-/// page per key written) without a sync per flush.
-pub const DURABLE_COMMIT_AFTER_WRITES: u64 = 65_536;
 /// Snapshots whose changed keys are kept for incremental snapshots built on them (as
 /// [`FREEZES_KEPT`](super::cow_map) in memory); an older base means a whole snapshot.
 pub const DISK_FREEZES_KEPT: usize = 64;
 /// Bytes of changed keys logged between two snapshots; beyond it the log is dropped and the next
 /// snapshot is whole (as when checkpoints are off for a long time).
 pub const MAX_CHANGED_LOG_BYTES: usize = 256 << 20;
+/// Caches handed over to the writer and not yet known written before a full cache waits for the
+/// oldest; a barrier's cache waits only beyond one more, so a barrier does not wait for a flush of
+/// a full cache in progress. At most `HANDED_MAX + 2` caches (the task's own and those handed over)
+/// are in memory.
+pub const HANDED_MAX: usize = 2;
 /// The store's own page cache, per task.
 pub const DISK_PAGE_CACHE_BYTES: usize = 64 << 20;
 
-type View = ReadOnlyTable<&'static [u8], &'static [u8]>;
+/// A cache handed over to the writer and its flush.
+type InFlight<K, V> = (Handed<K, V>, Arc<Slot<KeyLog>>);
 
-/// A failure of the local store; the task fails and the job restores.
-fn store_err(path: &Path, e: impl std::fmt::Display) -> String {
-    format!(
-        "local state store {}: {e}; check the disk under the state backend's directory (space, permissions)",
-        path.display()
-    )
-}
+/// The flushes of one interval between snapshots whose written keys are logged.
+type Interval = Arc<Vec<Arc<Slot<KeyLog>>>>;
 
-/// The store's file, removed when the map and every snapshot reading it are gone.
-struct StoreFile(PathBuf);
-
-impl Drop for StoreFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-/// A cached entry: `None` is a key known to have no state.
-struct Cached<V> {
-    value: Option<V>,
-    dirty: bool,
-}
-
-/// Keyed state in a local store behind a write-back cache of at most `cache_max` keys.
+/// Keyed state in a local store behind a write-back cache of at most `cache_max` keys. A full
+/// cache, or the cache at a barrier, is handed whole to the store's writer thread and the task
+/// goes on with an empty one; it reads the caches handed over (newest first) before the store until
+/// it knows the writer wrote them, and waits for the writer only when more than [`HANDED_MAX`] are
+/// in flight. So at most `HANDED_MAX + 2` caches of `cache_max` keys are in memory, and a barrier
+/// costs the task a swap, not a write.
 pub(crate) struct DiskMap<K, V> {
-    // Field order is drop order: the views before the database, the database before its file.
+    // Field order is drop order: the view before the database, the writer (which waits for what
+    // was handed over) before the database, the database before its file.
     view: View,
+    writer: Writer<K, V>,
     db: Arc<Database>,
     file: Arc<StoreFile>,
     cache: HashMap<K, Cached<V>>,
+    /// The caches handed over (oldest first) and their flushes, read after `cache` (newest first)
+    /// and before the store, until the task knows they were written.
+    handed: VecDeque<InFlight<K, V>>,
     cache_max: usize,
     range: KeyGroupRange,
     max_parallelism: u32,
-    /// Keys written since the last durable commit.
-    undurable_writes: u64,
-    /// Stored keys written since the last freeze, each after its length (u32, little-endian).
-    changed: Vec<u8>,
-    /// Whether writes are logged in `changed` (not while a restore fills the store).
+    /// Whether writes are logged for incremental snapshots (not while a restore fills the store).
     tracking: bool,
-    /// Per snapshot, its checkpoint and the keys written in the interval it ended, oldest first.
-    freezes: VecDeque<(CheckpointId, Arc<Vec<u8>>)>,
+    /// The logged flushes since the last freeze.
+    interval: Vec<Arc<Slot<KeyLog>>>,
+    /// Bytes of keys logged by the flushes waited for since the log was last dropped.
+    logged_bytes: usize,
+    /// Per snapshot, its checkpoint and the flushes of the interval it ended, oldest first.
+    freezes: FreezeLog<Interval>,
     key_buf: Vec<u8>,
 }
 
@@ -105,22 +96,26 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         txn.open_table(KV).map_err(|e| store_err(&path, e))?;
         txn.commit().map_err(|e| store_err(&path, e))?;
         let view = open_view(&db, &path)?;
+        let db = Arc::new(db);
         Ok(DiskMap {
             view,
-            db: Arc::new(db),
+            writer: Writer::start(db.clone(), file.clone(), max_parallelism)?,
+            db,
             file,
             cache: HashMap::new(),
+            handed: VecDeque::new(),
             cache_max: cache_max.max(1),
             range,
             max_parallelism,
-            undurable_writes: 0,
-            changed: Vec::new(),
             tracking: true,
-            freezes: VecDeque::new(),
+            interval: Vec::new(),
+            logged_bytes: 0,
+            freezes: FreezeLog::new(DISK_FREEZES_KEPT),
             key_buf: Vec::new(),
         })
     }
 
+    #[cfg(test)]
     fn path(&self) -> &Path {
         &self.file.0
     }
@@ -135,11 +130,14 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         Ok(())
     }
 
-    /// `k`'s value in the store.
+    /// `k`'s value outside the cache: in the cache handed over last, or in the store.
     fn read(&mut self, k: &K) -> Result<Option<V>, String> {
+        if let Some(c) = self.handed.iter().rev().find_map(|(h, _)| h.get(k)) {
+            return Ok(c.value.clone());
+        }
         let mut buf = std::mem::take(&mut self.key_buf);
         self.encode_key(k, &mut buf)?;
-        let got = self.view.get(&buf[..]).map_err(|e| store_err(self.path(), e))?;
+        let got = self.view.get(&buf[..]).map_err(|e| store_err(&self.file.0, e))?;
         let value = match got {
             None => None,
             Some(g) => Some(
@@ -155,8 +153,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
     #[inline]
     fn room(&mut self) -> Result<(), String> {
         if self.cache.len() >= self.cache_max {
-            self.flush()?;
-            self.cache.clear();
+            self.hand_over(None, HANDED_MAX - 1)?;
         }
         Ok(())
     }
@@ -193,92 +190,72 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
     /// restore fills the store (the first snapshot after a restore is whole anyway).
     pub fn track_changes(&mut self, on: bool) -> Result<(), String> {
         if on && !self.tracking {
-            self.flush()?;
-            self.changed.clear();
+            self.write_all()?;
+            self.interval.clear();
+            self.logged_bytes = 0;
         }
         self.tracking = on;
         Ok(())
     }
 
-    /// Write the written keys to the store in one transaction (in key order) and renew the view.
-    fn flush(&mut self) -> Result<(), String> {
-        let mut writes: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
-        for (k, c) in self.cache.iter_mut().filter(|(_, c)| c.dirty) {
-            c.dirty = false;
-            let mut key = Vec::new();
-            let kg = key_group_of_hash(stable_hash(k), self.max_parallelism);
-            key.extend_from_slice(&kg.to_be_bytes());
-            key = postcard::to_extend(k, key).map_err(|e| format!("encoding a key: {e}"))?;
-            let value = match &c.value {
-                Some(v) => Some(postcard::to_allocvec(v).map_err(|e| format!("encoding a value: {e}"))?),
-                None => None,
-            };
-            writes.push((key, value));
-        }
-        if writes.is_empty() {
-            return Ok(());
-        }
-        writes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let path = self.file.0.clone();
-        let err = |e: &dyn std::fmt::Display| store_err(&path, e);
-        let mut txn = self.db.begin_write().map_err(|e| err(&e))?;
-        self.undurable_writes += writes.len() as u64;
-        let durability = if self.undurable_writes >= DURABLE_COMMIT_AFTER_WRITES {
-            self.undurable_writes = 0;
-            Durability::Immediate
-        } else {
-            Durability::None
-        };
-        txn.set_durability(durability).map_err(|e| err(&e))?;
-        {
-            let mut table = txn.open_table(KV).map_err(|e| err(&e))?;
-            for (key, value) in &writes {
-                match value {
-                    Some(v) => drop(table.insert(&key[..], &v[..]).map_err(|e| err(&e))?),
-                    None => drop(table.remove(&key[..]).map_err(|e| err(&e))?),
-                }
+    /// Forget the caches handed over that the writer wrote, waiting for the oldest while more than
+    /// `keep` are left; the store's view then holds them. Returns them, to be freed.
+    fn settle(&mut self, keep: usize) -> Result<Vec<Handed<K, V>>, String> {
+        let mut written = Vec::new();
+        while let Some((_, done)) = self.handed.front() {
+            if self.handed.len() <= keep && !done.is_ready() {
+                break;
             }
+            let logged = done.get()?;
+            self.logged_bytes += logged.len();
+            written.push(self.handed.pop_front().expect("looked at").0);
         }
-        txn.commit().map_err(|e| err(&e))?;
-        self.view = open_view(&self.db, &path)?;
+        if written.is_empty() {
+            return Ok(written);
+        }
+        self.view = open_view(&self.db, &self.file.0)?;
+        if self.logged_bytes > MAX_CHANGED_LOG_BYTES {
+            // Too much to log: the next snapshot is whole, later ones build on it again.
+            self.interval.clear();
+            self.freezes.clear();
+            self.logged_bytes = 0;
+        }
+        Ok(written)
+    }
+
+    /// Hand the cache over to the writer (once at most `keep` handed over before are in flight)
+    /// and go on with an empty one; `view` gets the store's view once it is written.
+    fn hand_over(&mut self, view: Option<&Arc<Slot<View>>>, keep: usize) -> Result<(), String> {
+        let written = self.settle(keep)?;
+        let cache: Handed<K, V> = Arc::new(std::mem::take(&mut self.cache));
+        let done = Slot::new();
+        self.writer.hand_over(cache.clone(), written, self.tracking, &done, view)?;
         if self.tracking {
-            for (key, _) in &writes {
-                self.changed.extend_from_slice(&(key.len() as u32).to_le_bytes());
-                self.changed.extend_from_slice(key);
-            }
-            if self.changed.len() > MAX_CHANGED_LOG_BYTES {
-                // Too much to log: the next snapshot is whole, later ones build on it again.
-                self.changed = Vec::new();
-                self.freezes.clear();
-            }
+            self.interval.push(done.clone());
         }
+        self.handed.push_back((cache, done));
         Ok(())
     }
 
-    /// Flush what was written and hand the store's view to the snapshot of `checkpoint` (see
-    /// [`CowMap::freeze`](super::CowMap::freeze) for `base`). Costs a flush of at most the cache,
-    /// not O(entries).
+    /// Write everything to the store and wait for it; afterwards the store alone holds the state.
+    fn write_all(&mut self) -> Result<(), String> {
+        self.hand_over(None, HANDED_MAX)?;
+        self.settle(0)?;
+        Ok(())
+    }
+
+    /// Hand the cache over and the store's view after it to the snapshot of `checkpoint` (see
+    /// [`CowMap::freeze`](super::CowMap::freeze) for `base`). Costs the task a swap of the cache
+    /// (and a wait only if more than [`HANDED_MAX`] caches are still being written), not a write.
     pub fn freeze(&mut self, checkpoint: CheckpointId, base: Option<CheckpointId>) -> Result<DiskFrozen, String> {
-        self.flush()?;
-        let sealed = Arc::new(std::mem::take(&mut self.changed));
-        let base_kept = base.is_some_and(|b| self.freezes.iter().any(|(c, _)| *c == b));
-        if let Some(b) = base {
-            while self.freezes.front().is_some_and(|(c, _)| *c < b) {
-                self.freezes.pop_front();
-            }
-        }
-        if self.freezes.len() == DISK_FREEZES_KEPT {
-            self.freezes.pop_front();
-        }
-        self.freezes.push_back((checkpoint, sealed));
-        let changed = match (base, base_kept) {
-            (Some(b), true) => {
-                Some(self.freezes.iter().filter(|(c, _)| *c > b).map(|(_, keys)| keys.clone()).collect())
-            }
-            _ => None,
-        };
+        let view = Slot::new();
+        self.hand_over(Some(&view), HANDED_MAX)?;
+        let sealed = Arc::new(std::mem::take(&mut self.interval));
+        let base_kept = base.filter(|b| self.freezes.get(*b).is_some());
+        self.freezes.record(checkpoint, base, sealed);
+        let changed = base_kept.map(|b| self.freezes.after(b).cloned().collect());
         Ok(DiskFrozen {
-            view: open_view(&self.db, self.path())?,
+            view,
             _db: self.db.clone(),
             _file: self.file.clone(),
             range: self.range,
@@ -290,12 +267,11 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
     /// Call `f` for every key with state (in the store's order), letting it change the value;
     /// stops when `f` returns false.
     pub fn for_each_mut(&mut self, mut f: impl FnMut(&K, &mut Option<V>) -> bool) -> Result<(), String> {
-        self.flush()?;
-        self.cache.clear();
-        let view = open_view(&self.db, self.path())?;
-        let iter = view.iter().map_err(|e| store_err(self.path(), e))?;
+        self.write_all()?;
+        let view = open_view(&self.db, &self.file.0)?;
+        let iter = view.iter().map_err(|e| store_err(&self.file.0, e))?;
         for item in iter {
-            let (k, v) = item.map_err(|e| store_err(self.path(), e))?;
+            let (k, v) = item.map_err(|e| store_err(&self.file.0, e))?;
             let damaged = |e: postcard::Error| format!("decoding the local store: {e}; the store is damaged");
             let key: K = postcard::from_bytes(&k.value()[4..]).map_err(damaged)?;
             let mut slot: Option<V> = Some(postcard::from_bytes(v.value()).map_err(damaged)?);
@@ -308,11 +284,6 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         }
         Ok(())
     }
-}
-
-fn open_view(db: &Database, path: &Path) -> Result<View, String> {
-    let txn = db.begin_read().map_err(|e| store_err(path, e))?;
-    txn.open_table(KV).map_err(|e| store_err(path, e))
 }
 
 /// Remove the stores in `dir` whose process is gone (`<pid>-*.redb`, left by a process killed
@@ -337,12 +308,14 @@ fn remove_orphans(dir: &Path) {
 /// the map still knew them.
 pub(crate) struct DiskFrozen {
     // Field order is drop order, as in `DiskMap`: the store must outlive the view.
-    view: View,
+    /// The store's view right after the barrier's cache was written.
+    view: Arc<Slot<View>>,
     _db: Arc<Database>,
     _file: Arc<StoreFile>,
     range: KeyGroupRange,
     max_parallelism: u32,
-    changed: Option<Vec<Arc<Vec<u8>>>>,
+    /// The flushes of the intervals since the base, if the map still knew them.
+    changed: Option<Vec<Interval>>,
 }
 
 impl DiskFrozen {
@@ -354,6 +327,7 @@ impl DiskFrozen {
 
     /// As [`Frozen::encode`](super::Frozen::encode): whole, or what changed since the base.
     pub fn encode(self, uid: &str, incremental: bool) -> Result<ElementState, String> {
+        let view = self.view.take().map_err(|e| format!("{uid}: {e}"))?;
         let range = self.range;
         let groups_len = range.len() as usize;
         let changed = self.changed.filter(|_| incremental);
@@ -370,8 +344,12 @@ impl DiskFrozen {
         };
         match &changed {
             Some(logs) => {
+                let mut written: Vec<KeyLog> = Vec::new();
+                for flush in logs.iter().flat_map(|interval| interval.iter()) {
+                    written.push(flush.get().map_err(|e| format!("{uid}: {e}"))?);
+                }
                 let mut keys: Vec<&[u8]> = Vec::new();
-                for log in logs {
+                for log in &written {
                     let mut rest = &log[..];
                     while let Some(len) = rest.get(..4) {
                         let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
@@ -383,7 +361,7 @@ impl DiskFrozen {
                 keys.dedup();
                 for key in keys {
                     let g = group(key)?;
-                    match self.view.get(key).map_err(store)? {
+                    match view.get(key).map_err(store)? {
                         Some(v) => {
                             upserts[g].extend_from_slice(&key[4..]);
                             upserts[g].extend_from_slice(v.value());
@@ -393,7 +371,7 @@ impl DiskFrozen {
                 }
             }
             None => {
-                for item in self.view.iter().map_err(store)? {
+                for item in view.iter().map_err(store)? {
                     let (k, v) = item.map_err(store)?;
                     let g = group(k.value())?;
                     upserts[g].extend_from_slice(&k.value()[4..]);

@@ -117,7 +117,7 @@ fn writes_during_a_restore_are_not_logged_and_the_next_snapshot_is_whole() {
         m.insert(k, Some(k)).unwrap();
     }
     m.track_changes(true).unwrap();
-    assert!(m.changed.is_empty(), "the restored keys are not logged");
+    assert!(m.interval.is_empty(), "the restored keys are not logged");
     let frozen = m.freeze(CheckpointId(7), Some(CheckpointId(6))).unwrap();
     assert!(!frozen.can_be_incremental(), "nothing was frozen for the base");
     assert_eq!(decode(frozen.encode("op", true).unwrap()).len(), 1_000);

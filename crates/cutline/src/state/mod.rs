@@ -9,6 +9,9 @@ mod backend;
 mod cow_map;
 #[cfg(feature = "spill")]
 mod disk;
+#[cfg(feature = "spill")]
+mod disk_writer;
+mod freeze_log;
 mod frozen;
 mod hash;
 mod restore;
