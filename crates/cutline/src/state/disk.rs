@@ -130,7 +130,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         Ok(())
     }
 
-    /// `k`'s value outside the cache: in the cache handed over last, or in the store.
+    /// `k`'s value outside the cache: in the caches handed over (newest first), or in the store.
     fn read(&mut self, k: &K) -> Result<Option<V>, String> {
         if let Some(c) = self.handed.iter().rev().find_map(|(h, _)| h.get(k)) {
             return Ok(c.value.clone());
