@@ -18,18 +18,21 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Keys that get state first, one record each; then only the few hot ones change (slowly, while
-/// checkpoints are taken); then every key gets one more record, whose count shows whether its state
-/// came through the restore.
+/// checkpoints are taken), and every tenth record of that phase deletes the state of a cold key
+/// instead; then every key gets one more record, whose count shows whether its state (or its
+/// deletion) came through the restore.
 const KEYS: u64 = 4_000;
 const HOT: u64 = 3;
 const HOT_RECORDS: u64 = 3_000;
 const RECORDS: u64 = 2 * KEYS + HOT_RECORDS;
 
-fn key(i: u64) -> u64 {
+/// Record `i`'s key, and whether it deletes the key's state rather than counting.
+fn key(i: u64) -> (u64, bool) {
     match i {
-        i if i < KEYS => i,
-        i if i < KEYS + HOT_RECORDS => i % HOT,
-        i => i - KEYS - HOT_RECORDS,
+        i if i < KEYS => (i, false),
+        i if i < KEYS + HOT_RECORDS && i % 10 == 9 => (HOT + (i - KEYS) / 10, true),
+        i if i < KEYS + HOT_RECORDS => (i % HOT, false),
+        i => (i - KEYS - HOT_RECORDS, false),
     }
 }
 
@@ -57,19 +60,33 @@ fn counting_job_at(out: Arc<Mutex<MemoryTxnStore>>, parallelism: u32) -> JobGrap
             }
             key(i)
         })
-        .key_by(|k: &u64| *k)
+        .key_by(|r: &(u64, bool)| r.0)
         .parallelism(parallelism)
-        .aggregate("counts", || 0u64, |c, _k| *c += 1, |k, c| format!("{k}:{c}"))
+        .process("counts", |k, count: &mut Option<u64>, (_, delete): (u64, bool), out| {
+            if delete {
+                *count = None;
+            } else {
+                let c = count.get_or_insert(0);
+                *c += 1;
+                out.emit(format!("{k}:{c}"));
+            }
+        })
         .sink_with_parallelism("out", 1, MemoryTxnSink::new(out));
     job.build().expect("valid job")
 }
 
 fn expected() -> Vec<String> {
     let mut per_key: BTreeMap<u64, u64> = BTreeMap::new();
-    for i in 0..RECORDS {
-        *per_key.entry(key(i)).or_default() += 1;
+    let mut v = Vec::new();
+    for (k, delete) in (0..RECORDS).map(key) {
+        if delete {
+            per_key.remove(&k);
+        } else {
+            let c = per_key.entry(k).or_default();
+            *c += 1;
+            v.push(format!("{k}:{c}"));
+        }
     }
-    let mut v: Vec<String> = per_key.iter().flat_map(|(k, n)| (1..=*n).map(move |c| format!("{k}:{c}"))).collect();
     v.sort();
     v
 }

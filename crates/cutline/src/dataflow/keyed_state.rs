@@ -79,6 +79,29 @@ impl<K: Key, S: StateValue> KeyedState<K, S> {
         }
     }
 
+    /// Whether a restore hands this backend each key group's records sorted and still encoded
+    /// ([`restore_sorted`](Self::restore_sorted)) rather than key by key.
+    pub fn restores_sorted(&self) -> bool {
+        match self {
+            KeyedState::Memory(_) => false,
+            #[cfg(feature = "spill")]
+            KeyedState::Disk(_) => true,
+        }
+    }
+
+    /// Fill key group `kg` with `records` (encoded keys and values, sorted by key), during a
+    /// restore, on a backend that [`restores_sorted`](Self::restores_sorted).
+    pub fn restore_sorted(&mut self, uid: &str, kg: u32, records: &[(&[u8], &[u8])]) -> Result<(), TaskError> {
+        match self {
+            KeyedState::Memory(_) => Err(TaskError::State {
+                uid: uid.to_string(),
+                message: format!("restoring key group {kg} from encoded records into memory (a bug)"),
+            }),
+            #[cfg(feature = "spill")]
+            KeyedState::Disk(d) => d.restore_sorted(kg, records).map_err(|m| failed(uid, m)),
+        }
+    }
+
     /// Pages copied since the last call (memory only).
     pub fn take_copies(&mut self) -> u64 {
         match self {

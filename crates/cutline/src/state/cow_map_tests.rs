@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::state::splitmix64;
-use crate::state::testkit::{apply, decode, sorted};
+use crate::state::testkit::{decode, incremental_snapshots_are_the_state_at_their_barrier, sorted, Snapshotted};
 use crate::state::ElementState;
 use std::collections::HashMap;
 
@@ -103,70 +103,32 @@ fn the_projection_leaves_entries_out() {
     assert_eq!(decode(m.freeze_whole().encode("op", Option::as_ref, false).unwrap()), [(1, 10)]);
 }
 
+impl Snapshotted for CowMap<u64, u64> {
+    type Frozen = Frozen<u64, u64>;
+    fn put(&mut self, k: u64, v: u64) {
+        self.insert(k, v);
+    }
+    fn delete(&mut self, k: u64) {
+        self.remove(&k);
+    }
+    fn bump(&mut self, k: u64) -> bool {
+        self.get_mut(&k).map(|v| *v += 1).is_some()
+    }
+    fn freeze_at(&mut self, checkpoint: u64, base: Option<u64>) -> Self::Frozen {
+        self.freeze(CheckpointId(checkpoint), base.map(CheckpointId))
+    }
+    fn encode_frozen(frozen: Self::Frozen, incremental: bool) -> ElementState {
+        frozen.encode("op", |v| Some(v), incremental).unwrap()
+    }
+}
+
 #[test]
 fn an_incremental_snapshot_on_top_of_its_base_is_the_state_at_its_barrier() {
-    // Each snapshot is encoded only after the writes of the next interval (copy-on-write and
-    // stamps both matter), on top of a base that lags by a random number of checkpoints and only
-    // moves forward; 400 checkpoints, so that stamps wrap around; one in five encoded whole. Few
-    // keys and many removals overflow the removal log: then the next snapshot is whole.
-    let range = KeyGroupRange::for_subtask(128, 1, 0);
+    // 400 checkpoints, so that stamps wrap around. Few keys and many removals overflow the removal
+    // log: then the next snapshot is whole.
     for keys in [50u64, 3_000, 40_000] {
-        let mut m = CowMap::<u64, u64>::incremental(range, 128);
-        let mut model = HashMap::new();
-        let mut at: std::collections::BTreeMap<u64, HashMap<u64, u64>> = Default::default();
-        let mut base: Option<u64> = None;
-        let mut pending: Option<(u64, Option<u64>, Frozen<u64, u64>)> = None;
-        let (mut deltas, mut wholes) = (0, 0);
-        for i in 0..400_000u64 {
-            let r = splitmix64(i ^ keys.rotate_left(17));
-            let k = r % keys;
-            match r >> 62 {
-                0 => {
-                    m.remove(&k);
-                    model.remove(&k);
-                }
-                1 => {
-                    m.insert(k, i);
-                    model.insert(k, i);
-                }
-                _ => {
-                    if let Some(v) = m.get_mut(&k) {
-                        *v += 1;
-                        *model.get_mut(&k).unwrap() += 1;
-                    }
-                }
-            }
-            if i % 1_000 != 999 {
-                continue;
-            }
-            if let Some((c, b, frozen)) = pending.take() {
-                // The writer may want it whole although it could be incremental (a long chain).
-                let incremental = !splitmix64(c ^ 0x5eed).is_multiple_of(5);
-                let got = match frozen.encode("op", |v| Some(v), incremental).unwrap() {
-                    state @ ElementState::KeyedDelta { .. } => {
-                        deltas += 1;
-                        apply(&at[&b.expect("a delta has a base")], state)
-                    }
-                    state => {
-                        wholes += 1;
-                        decode(state).into_iter().collect()
-                    }
-                };
-                assert_eq!(got, at[&c], "snapshot {c} on top of {b:?} with {keys} keys");
-            }
-            let c = i / 1_000 + 1;
-            let pick = splitmix64(c ^ keys);
-            if pick.is_multiple_of(3) {
-                // A newer completed checkpoint, a few behind.
-                let candidate = c.saturating_sub(1 + (pick >> 8) % 4);
-                if candidate > base.unwrap_or(0) && at.contains_key(&candidate) {
-                    base = Some(candidate);
-                }
-            }
-            let frozen = m.freeze(CheckpointId(c), base.map(CheckpointId));
-            at.insert(c, model.clone());
-            pending = Some((c, base, frozen));
-        }
+        let mut m = CowMap::<u64, u64>::incremental(KeyGroupRange::for_subtask(128, 1, 0), 128);
+        let (deltas, wholes) = incremental_snapshots_are_the_state_at_their_barrier(&mut m, keys, 400, "in memory");
         assert!(deltas > 20 && wholes > 0, "{keys} keys: {deltas} incremental and {wholes} whole snapshots");
     }
 }

@@ -8,7 +8,9 @@
 //! postcard encoding. A snapshot's `(key, value)` record is then the stored key without its group
 //! followed by the stored value, as [`ElementState`] wants it, without decoding either.
 
-use super::disk_writer::{open_view, store_err, Cached, Handed, KeyLog, Slot, StoreFile, View, Writer, KV};
+use super::disk_writer::{
+    open_view, store_err, write_sorted, Cached, Handed, KeyLog, Slot, StoreFile, View, Writer, KV,
+};
 use super::freeze_log::FreezeLog;
 use super::hash::{key_group_of_hash, stable_hash};
 use super::snapshot::{ElementState, StateImage};
@@ -184,6 +186,20 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         let had = self.read(&k)?.is_some();
         self.cache.insert(k, Cached { value, dirty: true });
         Ok(had)
+    }
+
+    /// Fill key group `kg` from a checkpoint with `records` (stored keys without their group, and
+    /// stored values) sorted by key, written straight into the store around the cache. Only while a
+    /// restore fills a store that nothing else wrote to (before the task processes anything).
+    pub fn restore_sorted(&mut self, kg: u32, records: &[(&[u8], &[u8])]) -> Result<(), String> {
+        if self.tracking || !self.cache.is_empty() || !self.handed.is_empty() {
+            return Err(format!(
+                "restoring key group {kg} into a local store that was already written to (a bug); the task fails and the job restores"
+            ));
+        }
+        write_sorted(&self.db, &self.file.0, kg, records)?;
+        self.view = open_view(&self.db, &self.file.0)?;
+        Ok(())
     }
 
     /// Start (`false`) or end (`true`) logging writes for incremental snapshots; off while a

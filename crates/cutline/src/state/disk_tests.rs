@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::state::splitmix64;
-use crate::state::testkit::{apply, decode, sorted};
+use crate::state::testkit::{decode, incremental_snapshots_are_the_state_at_their_barrier, sorted, Snapshotted};
 use std::collections::{BTreeMap, HashMap};
 
 fn disk(dir: &Path, cache: usize) -> DiskMap<u64, u64> {
@@ -42,68 +42,36 @@ fn reads_writes_and_removes_agree_with_a_hash_map_through_flushes() {
     }
 }
 
+impl Snapshotted for DiskMap<u64, u64> {
+    type Frozen = DiskFrozen;
+    fn put(&mut self, k: u64, v: u64) {
+        self.insert(k, Some(v)).unwrap();
+    }
+    fn delete(&mut self, k: u64) {
+        self.insert(k, None).unwrap();
+    }
+    fn bump(&mut self, k: u64) -> bool {
+        self.get_mut(&k).unwrap().map(|v| *v.as_mut().expect("a key with state") += 1).is_some()
+    }
+    fn freeze_at(&mut self, checkpoint: u64, base: Option<u64>) -> Self::Frozen {
+        let frozen = self.freeze(CheckpointId(checkpoint), base.map(CheckpointId)).unwrap();
+        assert_eq!(frozen.can_be_incremental(), base.is_some(), "every base was frozen here");
+        frozen
+    }
+    fn encode_frozen(frozen: Self::Frozen, incremental: bool) -> ElementState {
+        frozen.encode("op", incremental).unwrap()
+    }
+}
+
 #[test]
 fn an_incremental_snapshot_on_top_of_its_base_is_the_state_at_its_barrier() {
-    // As the in-memory table's test: each snapshot is encoded only after the next interval's
-    // writes (and flushes) went on, on top of a base that lags by a few checkpoints and only moves
-    // forward; one in five encoded whole.
+    // The in-memory table's scenario, through caches that flush all the time, now and then, and
+    // never.
     let dir = tempfile::tempdir().unwrap();
     for (keys, cache) in [(50u64, 4), (3_000, 256), (20_000, 100_000)] {
         let mut m = disk(dir.path(), cache);
-        let mut model = HashMap::new();
-        let mut at: BTreeMap<u64, HashMap<u64, u64>> = Default::default();
-        let mut base: Option<u64> = None;
-        let mut pending: Option<(u64, Option<u64>, DiskFrozen)> = None;
-        let (mut deltas, mut wholes) = (0, 0);
-        for i in 0..60_000u64 {
-            let r = splitmix64(i ^ keys.rotate_left(17));
-            let k = r % keys;
-            match r >> 62 {
-                0 => {
-                    m.insert(k, None).unwrap();
-                    model.remove(&k);
-                }
-                1 => {
-                    m.insert(k, Some(i)).unwrap();
-                    model.insert(k, i);
-                }
-                _ => {
-                    if let Some(v) = m.get_mut(&k).unwrap() {
-                        *v.as_mut().unwrap() += 1;
-                        *model.get_mut(&k).unwrap() += 1;
-                    }
-                }
-            }
-            if i % 1_000 != 999 {
-                continue;
-            }
-            if let Some((c, b, frozen)) = pending.take() {
-                let incremental = !splitmix64(c ^ 0x5eed).is_multiple_of(5);
-                let got = match frozen.encode("op", incremental).unwrap() {
-                    state @ ElementState::KeyedDelta { .. } => {
-                        deltas += 1;
-                        apply(&at[&b.expect("a delta has a base")], state)
-                    }
-                    state => {
-                        wholes += 1;
-                        decode(state).into_iter().collect()
-                    }
-                };
-                assert_eq!(got, at[&c], "snapshot {c} on top of {b:?} with {keys} keys, cache {cache}");
-            }
-            let c = i / 1_000 + 1;
-            let pick = splitmix64(c ^ keys);
-            if pick.is_multiple_of(3) {
-                let candidate = c.saturating_sub(1 + (pick >> 8) % 4);
-                if candidate > base.unwrap_or(0) && at.contains_key(&candidate) {
-                    base = Some(candidate);
-                }
-            }
-            let frozen = m.freeze(CheckpointId(c), base.map(CheckpointId)).unwrap();
-            assert_eq!(frozen.can_be_incremental(), base.is_some(), "every base was frozen here");
-            at.insert(c, model.clone());
-            pending = Some((c, base, frozen));
-        }
+        let label = format!("on disk, cache of {cache}");
+        let (deltas, wholes) = incremental_snapshots_are_the_state_at_their_barrier(&mut m, keys, 60, &label);
         assert!(deltas > 10 && wholes > 0, "{keys} keys: {deltas} incremental and {wholes} whole snapshots");
     }
 }
@@ -169,4 +137,96 @@ fn stores_of_processes_that_are_gone_are_removed() {
     names.sort();
     assert_eq!(names, [ours, "notes.txt".to_string()]);
     drop(m);
+}
+
+/// Encoded `(key, value)` records by key group, as a checkpoint holds them.
+type Groups = BTreeMap<u32, Vec<(Vec<u8>, Vec<u8>)>>;
+
+fn encoded_groups(pairs: impl Iterator<Item = (u64, u64)>) -> Groups {
+    let mut groups = Groups::new();
+    for (k, v) in pairs {
+        let records = groups.entry(key_group_of_hash(stable_hash(&k), 128)).or_default();
+        records.push((postcard::to_allocvec(&k).unwrap(), postcard::to_allocvec(&v).unwrap()));
+    }
+    groups
+}
+
+#[test]
+fn groups_restored_in_key_order_read_back_and_snapshot_as_they_were_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let model: HashMap<u64, u64> = (0..3_000u64).map(|k| (splitmix64(k), k)).collect();
+    let mut groups = encoded_groups(model.iter().map(|(k, v)| (*k, *v)));
+    let mut m = disk(dir.path(), 16);
+    assert!(m.restore_sorted(0, &[]).is_err(), "only while a restore fills the store");
+    m.track_changes(false).unwrap();
+    for (kg, records) in &mut groups {
+        records.sort();
+        let records: Vec<(&[u8], &[u8])> = records.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+        m.restore_sorted(*kg, &records).unwrap();
+    }
+    let (kg, records) = groups.iter().next().unwrap();
+    let again: Vec<(&[u8], &[u8])> = records.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    let twice = m.restore_sorted(*kg, &again).unwrap_err();
+    assert!(twice.contains("stored twice"), "{twice}");
+    m.track_changes(true).unwrap();
+    for (k, v) in model.iter().take(100) {
+        assert_eq!(m.get_mut(k).unwrap().cloned().flatten(), Some(*v));
+    }
+    assert_eq!(decode(m.freeze(CheckpointId(1), None).unwrap().encode("op", false).unwrap()), sorted(&model));
+    // A store the task already wrote to is not filled around its cache.
+    m.track_changes(false).unwrap();
+    assert!(m.restore_sorted(*kg, &[]).unwrap_err().contains("already written"));
+}
+
+/// How fast a store is filled from a checkpoint of `CUTLINE_RESTORE_KEYS` keys (4 M by default):
+/// key by key through the cache, as a restore of state in an older type does, against a group at a
+/// time in key order. A measurement, not a check (see BENCHMARKS.md "Restore on disk"):
+/// `cargo test --release -p cutline --features spill --lib restore_speed -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn restore_speed() {
+    let n: u64 = std::env::var("CUTLINE_RESTORE_KEYS").ok().and_then(|s| s.parse().ok()).unwrap_or(4 << 20);
+    let dir = tempfile::tempdir_in(std::env::var("CUTLINE_RESTORE_DIR").unwrap_or_else(|_| "/var/tmp".into())).unwrap();
+    let mut groups = encoded_groups((0..n).map(|i| (splitmix64(i), i)));
+    let t = std::time::Instant::now();
+    let mut m = disk(dir.path(), 1 << 20);
+    m.track_changes(false).unwrap();
+    for records in groups.values() {
+        for (k, v) in records {
+            let k: u64 = postcard::from_bytes(k).unwrap();
+            assert!(!m.insert(k, Some(postcard::from_bytes(v).unwrap())).unwrap());
+        }
+    }
+    m.track_changes(true).unwrap();
+    let by_key = t.elapsed();
+    drop(m);
+    let t = std::time::Instant::now();
+    let mut m = disk(dir.path(), 1 << 20);
+    m.track_changes(false).unwrap();
+    for (kg, records) in &mut groups {
+        let mut layer = Vec::new();
+        for (k, v) in records.iter() {
+            layer.extend_from_slice(k);
+            layer.extend_from_slice(v);
+        }
+        let split = |b: &[u8], with_value: bool| -> Result<(usize, usize), String> {
+            let (_, rest): (u64, &[u8]) = postcard::take_from_bytes(b).map_err(|e| e.to_string())?;
+            let (_, end): (u64, &[u8]) = postcard::take_from_bytes(rest).map_err(|e| e.to_string())?;
+            Ok((b.len() - rest.len(), if with_value { b.len() - end.len() } else { b.len() - rest.len() }))
+        };
+        let sorted =
+            crate::state::merge_group(&[crate::state::KeyedLayer::Whole(&layer)], split, || "twice".to_string())
+                .unwrap();
+        m.restore_sorted(*kg, &sorted).unwrap();
+    }
+    m.track_changes(true).unwrap();
+    let in_order = t.elapsed();
+    eprintln!(
+        "restore of {n} keys: key by key {:.2} s ({:.0} k keys/s), a group at a time in key order {:.2} s ({:.0} k keys/s), {:.1}x",
+        by_key.as_secs_f64(),
+        n as f64 / by_key.as_secs_f64() / 1e3,
+        in_order.as_secs_f64(),
+        n as f64 / in_order.as_secs_f64() / 1e3,
+        by_key.as_secs_f64() / in_order.as_secs_f64()
+    );
 }

@@ -32,7 +32,7 @@ pub(crate) use hash::{key_group_of_hash, KeyHasher};
 pub use hash::{splitmix64, stable_hash, StableHasher};
 #[cfg(test)]
 pub(crate) use restore::RestoredPart;
-pub(crate) use restore::{KeyedLayer, RestoreIndex};
+pub(crate) use restore::{merge_group, KeyedLayer, RestoreIndex};
 pub(crate) use schema::{Evolve, Migration, StateSchema};
 pub(crate) use snapshot::{encode_plain, ElementState, PlainImage, SnapshotBuilder, StateImage};
 

@@ -236,3 +236,99 @@ impl RestoreIndex {
         Ok(out)
     }
 }
+
+/// An encoded record: its key, then its value, each as a checkpoint and the disk store keep them.
+pub(crate) type EncodedRecord<'a> = (&'a [u8], &'a [u8]);
+
+/// One change of a key while merging a group's layers: the key, when (see [`merge_group`]), and
+/// the value written (`None`: removed).
+type Change<'a> = (&'a [u8], u32, Option<&'a [u8]>);
+
+/// The records of one key group after applying its `layers` in order (as [`RestoreIndex::keyed`]
+/// gives them), sorted by their encoded key, without decoding them into values: for a store that
+/// keeps encoded records in key order, where inserting in that order appends instead of writing a
+/// page per key. `split(bytes, with_value)` checks the record (or, for a removed key, the key) at
+/// the start of `bytes` and returns the length of its key and of all of it. A key twice in a whole
+/// layer is `duplicate`'s error.
+pub(crate) fn merge_group<'a, E>(
+    layers: &[KeyedLayer<'a>],
+    mut split: impl FnMut(&'a [u8], bool) -> Result<(usize, usize), E>,
+    duplicate: impl Fn() -> E,
+) -> Result<Vec<EncodedRecord<'a>>, E> {
+    // (key, when, value or removed): `when` orders a key's changes, a delta's removes before its
+    // upserts; a stable sort keeps equal ones in input order.
+    let mut changes: Vec<Change<'a>> = Vec::new();
+    let mut records = |mut bytes: &'a [u8], when: u32, with_value: bool, changes: &mut Vec<_>| {
+        while !bytes.is_empty() {
+            let (key_len, len) = split(bytes, with_value)?;
+            let value = with_value.then(|| &bytes[key_len..len]);
+            changes.push((&bytes[..key_len], when, value));
+            bytes = &bytes[len..];
+        }
+        Ok(())
+    };
+    for (i, layer) in layers.iter().enumerate() {
+        let when = 2 * i as u32;
+        match *layer {
+            KeyedLayer::Whole(b) => records(b, when + 1, true, &mut changes)?,
+            KeyedLayer::Delta { removes, upserts } => {
+                records(removes, when, false, &mut changes)?;
+                records(upserts, when + 1, true, &mut changes)?;
+            }
+        }
+    }
+    changes.sort_by(|a, b| a.0.cmp(b.0).then(a.1.cmp(&b.1)));
+    let mut out = Vec::with_capacity(changes.len());
+    for (i, &(key, when, value)) in changes.iter().enumerate() {
+        if let Some(&(next, next_when, _)) = changes.get(i + 1) {
+            if next == key {
+                if next_when == when && matches!(layers[(when / 2) as usize], KeyedLayer::Whole(_)) {
+                    return Err(duplicate());
+                }
+                continue; // a later change of the same key decides
+            }
+        }
+        if let Some(v) = value {
+            out.push((key, v));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{merge_group, KeyedLayer};
+
+    /// Test records: a one-byte key, then a one-byte value.
+    fn split(_: &[u8], with_value: bool) -> Result<(usize, usize), String> {
+        Ok((1, if with_value { 2 } else { 1 }))
+    }
+
+    fn merge<'a>(layers: &[KeyedLayer<'a>]) -> Result<Vec<super::EncodedRecord<'a>>, String> {
+        merge_group(layers, split, || "twice".to_string())
+    }
+
+    #[test]
+    fn a_group_merged_from_its_layers_is_sorted_by_key_and_the_latest_change_of_a_key_wins() {
+        let layers = [
+            KeyedLayer::Whole(b"c1a1b1d1"),
+            // Removes go before the upserts of the same delta: `b` is removed and written again.
+            KeyedLayer::Delta { removes: b"ab", upserts: b"b2e2" },
+            KeyedLayer::Delta { removes: b"d", upserts: b"c3a3" },
+            KeyedLayer::Delta { removes: b"c", upserts: b"" },
+        ];
+        let merged = merge(&layers).unwrap();
+        let expected: Vec<(&[u8], &[u8])> = vec![(b"a", b"3"), (b"b", b"2"), (b"e", b"2")];
+        assert_eq!(merged, expected);
+        assert_eq!(merge(&layers[..1]).unwrap().len(), 4, "the whole layer alone");
+    }
+
+    #[test]
+    fn a_key_twice_in_a_whole_layer_is_an_error_and_twice_across_layers_is_not() {
+        assert_eq!(merge(&[KeyedLayer::Whole(b"a1b1a2")]), Err("twice".to_string()));
+        let layers = [KeyedLayer::Whole(b"a1"), KeyedLayer::Delta { removes: b"", upserts: b"a2" }];
+        assert_eq!(merge(&layers).unwrap(), vec![(&b"a"[..], &b"2"[..])]);
+        let failing = |_: &[u8], _: bool| -> Result<(usize, usize), String> { Err("bad record".into()) };
+        assert_eq!(merge_group(&[KeyedLayer::Whole(b"a1")], failing, || "twice".to_string()), Err("bad record".into()));
+    }
+}

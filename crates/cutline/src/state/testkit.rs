@@ -1,8 +1,9 @@
 //! Helpers of the state tests: snapshots of `u64 -> u64` maps (max parallelism 128) decoded, and
-//! incremental ones applied on top of their base.
+//! incremental ones applied on top of their base; the incremental-snapshot scenario every keyed
+//! map runs.
 
-use super::{key_group_of_hash, stable_hash, ElementState};
-use std::collections::HashMap;
+use super::{key_group_of_hash, splitmix64, stable_hash, ElementState};
+use std::collections::{BTreeMap, HashMap};
 
 /// The pairs of a whole snapshot, sorted, each checked to be filed under its key group.
 pub(crate) fn decode(state: ElementState) -> Vec<(u64, u64)> {
@@ -48,4 +49,86 @@ pub(crate) fn apply(base: &HashMap<u64, u64>, state: ElementState) -> HashMap<u6
         }
     }
     out
+}
+
+/// A keyed map of `u64 -> u64` whose snapshots
+/// [`incremental_snapshots_are_the_state_at_their_barrier`] checks: one scenario for every backend.
+pub(crate) trait Snapshotted {
+    type Frozen;
+    fn put(&mut self, k: u64, v: u64);
+    fn delete(&mut self, k: u64);
+    /// Add one to `k`'s value, if it has one; whether it had.
+    fn bump(&mut self, k: u64) -> bool;
+    fn freeze_at(&mut self, checkpoint: u64, base: Option<u64>) -> Self::Frozen;
+    fn encode_frozen(frozen: Self::Frozen, incremental: bool) -> ElementState;
+}
+
+/// Random writes over `keys` keys, a snapshot after every 1,000, `checkpoints` of them. Each
+/// snapshot is encoded only after the writes of the next interval went on (copy-on-write, stamps
+/// and flushes all matter), on top of a base that lags by a random number of checkpoints and only
+/// moves forward, and one in five is encoded whole although it could be incremental (as a writer
+/// does at the end of a long chain). Every one must decode to the model at its barrier. Returns how
+/// many were incremental and how many whole.
+pub(crate) fn incremental_snapshots_are_the_state_at_their_barrier<M: Snapshotted>(
+    m: &mut M,
+    keys: u64,
+    checkpoints: u64,
+    label: &str,
+) -> (u32, u32) {
+    let mut model = HashMap::new();
+    let mut at: BTreeMap<u64, HashMap<u64, u64>> = BTreeMap::new();
+    let mut base: Option<u64> = None;
+    let mut pending: Option<(u64, Option<u64>, M::Frozen)> = None;
+    let (mut deltas, mut wholes) = (0, 0);
+    for i in 0..checkpoints * 1_000 {
+        let r = splitmix64(i ^ keys.rotate_left(17));
+        let k = r % keys;
+        match r >> 62 {
+            0 => {
+                m.delete(k);
+                model.remove(&k);
+            }
+            1 => {
+                m.put(k, i);
+                model.insert(k, i);
+            }
+            _ => {
+                if m.bump(k) {
+                    *model.get_mut(&k).expect("the model has it too") += 1;
+                } else {
+                    assert!(!model.contains_key(&k), "{label}: key {k} lost its state");
+                }
+            }
+        }
+        if i % 1_000 != 999 {
+            continue;
+        }
+        if let Some((c, b, frozen)) = pending.take() {
+            let incremental = !splitmix64(c ^ 0x5eed).is_multiple_of(5);
+            let got = match M::encode_frozen(frozen, incremental) {
+                state @ ElementState::KeyedDelta { .. } => {
+                    deltas += 1;
+                    apply(&at[&b.expect("a delta has a base")], state)
+                }
+                state => {
+                    wholes += 1;
+                    decode(state).into_iter().collect()
+                }
+            };
+            assert_eq!(got, at[&c], "{label}: snapshot {c} on top of {b:?}");
+        }
+        let c = i / 1_000 + 1;
+        let pick = splitmix64(c ^ keys);
+        if pick.is_multiple_of(3) {
+            // A newer completed checkpoint, a few behind.
+            let candidate = c.saturating_sub(1 + (pick >> 8) % 4);
+            if candidate > base.unwrap_or(0) && at.contains_key(&candidate) {
+                base = Some(candidate);
+            }
+        }
+        let frozen = m.freeze_at(c, base);
+        at.insert(c, model.clone());
+        pending = Some((c, base, frozen));
+    }
+    (deltas, wholes)
 }
