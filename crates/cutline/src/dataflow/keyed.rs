@@ -234,8 +234,8 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp
         self.state.restoring(&self.uid, true)?;
         let mut layers = index.keyed(&self.uid, self.range, self.max_parallelism)?;
         if self.state.restores_sorted() && evolve.is_none() && migration.is_none() {
-            // Group by group, each in key order, its records never decoded into values (the stored
-            // form is the checkpoint's): what a store's B-tree appends fastest.
+            // Group by group, each in key order, its records' bytes copied as the checkpoint holds
+            // them (the stored form; decoded only to check them): what a B-tree appends fastest.
             let mut by_group: std::collections::BTreeMap<u32, Vec<KeyedLayer<'_>>> = Default::default();
             for (kg, layer) in std::mem::take(&mut layers) {
                 by_group.entry(kg).or_default().push(layer);
