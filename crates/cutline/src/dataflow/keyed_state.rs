@@ -6,7 +6,8 @@ use crate::error::TaskError;
 use crate::state::{CowMap, ElementState, Frozen, Key, StateBackend, StateImage, StateValue};
 use cutline_core::{CheckpointId, KeyGroupRange};
 
-/// A keyed operator's value state.
+/// A keyed operator's value state. (One per keyed operator, so the variants' sizes do not matter.)
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum KeyedState<K, S> {
     Memory(CowMap<K, Option<S>>),
     #[cfg(feature = "spill")]

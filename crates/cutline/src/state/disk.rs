@@ -8,6 +8,7 @@
 //! postcard encoding. A snapshot's `(key, value)` record is then the stored key without its group
 //! followed by the stored value, as [`ElementState`] wants it, without decoding either.
 
+use super::disk_pending::{Lookup, PendingRestore, LAZY_RESTORE_MAX_BYTES};
 use super::disk_writer::{
     open_view, store_err, write_sorted, Cached, Handed, KeyLog, Slot, StoreFile, View, Writer, KV,
 };
@@ -70,6 +71,16 @@ pub(crate) struct DiskMap<K, V> {
     /// Per snapshot, its checkpoint and the flushes of the interval it ended, oldest first.
     freezes: FreezeLog<Interval>,
     key_buf: Vec<u8>,
+    /// A restore's groups while it collects them (until tracking starts again), and the last group
+    /// it restored: groups come in ascending order, each once.
+    restoring: Option<(PendingRestore, Option<u32>)>,
+    /// Restored groups the writer is still writing, read for keys of the groups not in the view;
+    /// `None` once the view holds them all.
+    pending: Option<Arc<PendingRestore>>,
+    /// How many of `pending`'s groups the view holds.
+    pending_in_view: usize,
+    /// [`LAZY_RESTORE_MAX_BYTES`] (tests set less).
+    lazy_restore_max_bytes: usize,
 }
 
 impl<K: Key, V: StateValue> DiskMap<K, V> {
@@ -114,6 +125,10 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
             logged_bytes: 0,
             freezes: FreezeLog::new(DISK_FREEZES_KEPT),
             key_buf: Vec::new(),
+            restoring: None,
+            pending: None,
+            pending_in_view: 0,
+            lazy_restore_max_bytes: LAZY_RESTORE_MAX_BYTES,
         })
     }
 
@@ -132,20 +147,37 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         Ok(())
     }
 
-    /// `k`'s value outside the cache: in the caches handed over (newest first), or in the store.
+    /// Open a new view of the store, and drop the restored groups it holds.
+    fn reopen_view(&mut self) -> Result<(), String> {
+        // Read before the view opens: the view holds at least the groups counted.
+        let filled = self.pending.as_ref().map(|p| (p.filled(), p.len()));
+        self.view = open_view(&self.db, &self.file.0)?;
+        match filled {
+            Some((filled, len)) if filled == len => self.pending = None,
+            Some((filled, _)) => self.pending_in_view = filled,
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// `k`'s value outside the cache: in the caches handed over (newest first), in the restored
+    /// groups not yet written, or in the store.
     fn read(&mut self, k: &K) -> Result<Option<V>, String> {
         if let Some(c) = self.handed.iter().rev().find_map(|(h, _)| h.get(k)) {
             return Ok(c.value.clone());
         }
+        if self.pending.as_ref().is_some_and(|p| p.filled() > self.pending_in_view) {
+            self.reopen_view()?;
+        }
         let mut buf = std::mem::take(&mut self.key_buf);
         self.encode_key(k, &mut buf)?;
-        let got = self.view.get(&buf[..]).map_err(|e| store_err(&self.file.0, e))?;
-        let value = match got {
-            None => None,
-            Some(g) => Some(
-                postcard::from_bytes(g.value())
-                    .map_err(|e| format!("decoding a value from the local store: {e}; the store is damaged"))?,
-            ),
+        let damaged = |e: postcard::Error| format!("decoding a value from the local store: {e}; the store is damaged");
+        let value = match self.pending.as_ref().map(|p| p.lookup(&buf, self.pending_in_view)) {
+            Some(Lookup::Pending(v)) => v.map(postcard::from_bytes).transpose().map_err(damaged)?,
+            None | Some(Lookup::Store) => {
+                let got = self.view.get(&buf[..]).map_err(|e| store_err(&self.file.0, e))?;
+                got.map(|g| postcard::from_bytes(g.value())).transpose().map_err(damaged)?
+            }
         };
         self.key_buf = buf;
         Ok(value)
@@ -189,24 +221,52 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
     }
 
     /// Fill key group `kg` from a checkpoint with `records` (stored keys without their group, and
-    /// stored values) sorted by key, written straight into the store around the cache. Only while a
-    /// restore fills a store that nothing else wrote to (before the task processes anything).
+    /// stored values) sorted by key, written around the cache. Only while a restore fills a store
+    /// that nothing else wrote to (before the task processes anything), groups in ascending order.
+    /// Up to [`LAZY_RESTORE_MAX_BYTES`] of them are kept for the writer to write once the restore
+    /// ends, while the task already processes; the groups beyond are written here.
     pub fn restore_sorted(&mut self, kg: u32, records: &[(&[u8], &[u8])]) -> Result<(), String> {
-        if self.tracking || !self.cache.is_empty() || !self.handed.is_empty() {
+        if self.tracking || !self.cache.is_empty() || !self.handed.is_empty() || self.pending.is_some() {
             return Err(format!(
                 "restoring key group {kg} into a local store that was already written to (a bug); the task fails and the job restores"
             ));
         }
-        write_sorted(&self.db, &self.file.0, kg, records)?;
-        self.view = open_view(&self.db, &self.file.0)?;
-        Ok(())
+        let (collected, last) = self.restoring.get_or_insert_with(Default::default);
+        if last.is_some_and(|last| kg <= last) || !self.range.contains(KeyGroup(kg)) {
+            return Err(format!(
+                "restoring key group {kg} after group {last:?}, or outside groups {:?}: each group once, in order (a bug); the task fails and the job restores",
+                self.range
+            ));
+        }
+        *last = Some(kg);
+        let len: usize = records.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if collected.bytes() + len <= self.lazy_restore_max_bytes {
+            collected.push(kg, records)
+        } else {
+            write_sorted(&self.db, &self.file.0, kg, &mut records.iter().copied())
+        }
     }
 
     /// Start (`false`) or end (`true`) logging writes for incremental snapshots; off while a
-    /// restore fills the store (the first snapshot after a restore is whole anyway).
+    /// restore fills the store (the first snapshot after a restore is whole anyway). At the end of
+    /// a restore the groups it kept go to the writer, and the task goes on without waiting.
     pub fn track_changes(&mut self, on: bool) -> Result<(), String> {
         if on && !self.tracking {
-            self.write_all()?;
+            match self.restoring.take() {
+                Some((collected, _)) => {
+                    if !self.cache.is_empty() || !self.handed.is_empty() {
+                        return Err("a restore wrote keys one by one and in groups into one local store (a bug); the task fails and the job restores".into());
+                    }
+                    if !collected.is_empty() {
+                        let collected = Arc::new(collected);
+                        self.writer.fill(collected.clone())?;
+                        self.pending = Some(collected);
+                        self.pending_in_view = 0;
+                    }
+                    self.reopen_view()?;
+                }
+                None => self.write_all()?,
+            }
             self.interval.clear();
             self.logged_bytes = 0;
         }
@@ -229,7 +289,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         if written.is_empty() {
             return Ok(written);
         }
-        self.view = open_view(&self.db, &self.file.0)?;
+        self.reopen_view()?;
         if self.logged_bytes > MAX_CHANGED_LOG_BYTES {
             // Too much to log: the next snapshot is whole, later ones build on it again.
             self.interval.clear();

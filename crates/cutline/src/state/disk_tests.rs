@@ -151,12 +151,18 @@ fn encoded_groups(pairs: impl Iterator<Item = (u64, u64)>) -> Groups {
     groups
 }
 
-#[test]
-fn groups_restored_in_key_order_read_back_and_snapshot_as_they_were_written() {
-    let dir = tempfile::tempdir().unwrap();
-    let model: HashMap<u64, u64> = (0..3_000u64).map(|k| (splitmix64(k), k)).collect();
+/// A restore into a new store of `model`'s keys, a group at a time; groups beyond
+/// `lazy_max_bytes` are written before the restore ends, the others by the writer after it. The
+/// writer waits for the returned slot before it writes anything.
+fn restored(
+    dir: &Path,
+    cache: usize,
+    model: &HashMap<u64, u64>,
+    lazy_max_bytes: usize,
+) -> (DiskMap<u64, u64>, Arc<Slot<()>>) {
     let mut groups = encoded_groups(model.iter().map(|(k, v)| (*k, *v)));
-    let mut m = disk(dir.path(), 16);
+    let mut m = disk(dir, cache);
+    m.lazy_restore_max_bytes = lazy_max_bytes;
     assert!(m.restore_sorted(0, &[]).is_err(), "only while a restore fills the store");
     m.track_changes(false).unwrap();
     for (kg, records) in &mut groups {
@@ -167,15 +173,86 @@ fn groups_restored_in_key_order_read_back_and_snapshot_as_they_were_written() {
     let (kg, records) = groups.iter().next().unwrap();
     let again: Vec<(&[u8], &[u8])> = records.iter().map(|(k, v)| (&k[..], &v[..])).collect();
     let twice = m.restore_sorted(*kg, &again).unwrap_err();
-    assert!(twice.contains("stored twice"), "{twice}");
+    assert!(twice.contains("each group once, in order"), "{twice}");
+    let hold = Slot::new();
+    m.restoring.as_mut().expect("restoring").0.hold = Some(hold.clone());
     m.track_changes(true).unwrap();
+    (m, hold)
+}
+
+/// Lets the writer go when dropped (a failed test would otherwise wait for it forever).
+struct Release(Arc<Slot<()>>);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.put(Ok(()));
+    }
+}
+
+#[test]
+fn groups_restored_in_key_order_read_back_and_snapshot_as_they_were_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let model: HashMap<u64, u64> = (0..3_000u64).map(|k| (splitmix64(k), k)).collect();
+    // Every group written before the restore ends.
+    let (mut m, hold) = restored(dir.path(), 16, &model, 0);
+    let _release = Release(hold);
+    assert!(m.pending.is_none());
     for (k, v) in model.iter().take(100) {
         assert_eq!(m.get_mut(k).unwrap().cloned().flatten(), Some(*v));
     }
     assert_eq!(decode(m.freeze(CheckpointId(1), None).unwrap().encode("op", false).unwrap()), sorted(&model));
     // A store the task already wrote to is not filled around its cache.
     m.track_changes(false).unwrap();
-    assert!(m.restore_sorted(*kg, &[]).unwrap_err().contains("already written"));
+    assert!(m.restore_sorted(0, &[]).unwrap_err().contains("already written"));
+    // A group's records out of order, or a key twice, are refused.
+    let (a, b): (&[u8], &[u8]) = (b"a", b"b");
+    let mut m = disk(dir.path(), 16);
+    m.track_changes(false).unwrap();
+    assert!(m.restore_sorted(3, &[(b, a), (a, a)]).unwrap_err().contains("not sorted"));
+    assert!(m.restore_sorted(4, &[(a, a), (a, b)]).unwrap_err().contains("stored twice"));
+}
+
+#[test]
+fn a_task_reads_and_writes_restored_groups_before_the_writer_has_written_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut model: HashMap<u64, u64> = (0..3_000u64).map(|k| (splitmix64(k), k)).collect();
+    // About half the groups wait for the writer, the others are written during the restore.
+    let (mut m, hold) = restored(dir.path(), 1_000, &model, 30_000);
+    let _release = Release(hold.clone()); // dropped before `m`
+    let pending = m.pending.clone().expect("groups left to the writer");
+    assert!(pending.len() > 20 && pending.len() < 100, "{} groups pending", pending.len());
+    // The writer waits: every read below of a pending group is answered from its records, and the
+    // writes stay in the cache (fewer keys than it holds).
+    let keys: Vec<u64> = model.keys().copied().collect();
+    for (i, k) in keys.iter().take(600).enumerate() {
+        match i % 3 {
+            0 => assert_eq!(m.get_mut(k).unwrap().cloned().flatten(), model.get(k).copied(), "key {k}"),
+            1 => {
+                assert!(m.insert(*k, None).unwrap(), "key {k} was restored");
+                model.remove(k);
+            }
+            _ => {
+                *m.get_mut(k).unwrap().expect("restored").as_mut().unwrap() += 1;
+                *model.get_mut(k).unwrap() += 1;
+            }
+        }
+    }
+    assert_eq!(m.get_mut(&7).unwrap(), None, "never stored");
+    assert_eq!(pending.filled(), 0, "the writer waited");
+    hold.put(Ok(()));
+    // Through flushes of the cache, after the writer wrote the groups.
+    for (i, k) in keys.iter().enumerate().skip(600) {
+        if i % 4 == 0 {
+            assert!(m.insert(*k, None).unwrap());
+            model.remove(k);
+        } else {
+            assert_eq!(m.get_mut(k).unwrap().cloned().flatten(), model.get(k).copied(), "key {k}");
+        }
+    }
+    assert_eq!(decode(m.freeze(CheckpointId(1), None).unwrap().encode("op", false).unwrap()), sorted(&model));
+    assert_eq!(pending.filled(), pending.len());
+    m.write_all().unwrap();
+    assert!(m.pending.is_none(), "the groups are dropped once the view holds them");
 }
 
 /// How fast a store is filled from a checkpoint of `CUTLINE_RESTORE_KEYS` keys (4 M by default):
@@ -226,6 +303,7 @@ fn restore_speed() {
         m.restore_sorted(*kg, &sorted).unwrap();
     }
     m.track_changes(true).unwrap();
+    m.write_all().unwrap(); // the writer wrote the groups kept for after the restore
     let in_order = t.elapsed();
     assert_eq!(stored(&m), n, "in key order");
     eprintln!(

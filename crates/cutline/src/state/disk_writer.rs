@@ -4,9 +4,11 @@
 //! the task and the snapshot writer.
 //!
 //! **Invariant:** the thread writes one handed-over cache at a time, in the order they were handed
-//! over, and a barrier's view is opened right after its cache is written, before the next one: the
-//! view holds exactly the state at the barrier.
+//! over (a restore's pending groups, [`PendingRestore`], before all of them), and a barrier's view
+//! is opened right after its cache is written, before the next one: the view holds exactly the
+//! state at the barrier. After a failed write it writes nothing more: every later flush fails.
 
+use super::disk_pending::PendingRestore;
 use super::hash::{key_group_of_hash, stable_hash};
 use super::{Key, StateValue};
 use redb::{Database, Durability, ReadOnlyTable, ReadableDatabase, TableDefinition};
@@ -71,7 +73,7 @@ impl<T> Slot<T> {
         Arc::new(Slot { value: Mutex::new(None), ready: Condvar::new() })
     }
 
-    fn put(&self, value: Result<T, String>) {
+    pub(super) fn put(&self, value: Result<T, String>) {
         let mut slot = self.value.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
             *slot = Some(value);
@@ -131,16 +133,25 @@ struct Flush<K, V> {
     view: Option<Fill<View>>,
 }
 
-/// The task's handle on its store's writer thread; dropping it waits for what was handed over.
+/// What the writer does next.
+enum Job<K, V> {
+    Flush(Flush<K, V>),
+    /// Fill the store with a restore's groups (sent once, before any flush).
+    Fill(Arc<PendingRestore>),
+}
+
+/// The task's handle on its store's writer thread; dropping it waits for what was handed over (a
+/// restore's groups not yet written included).
 pub(super) struct Writer<K, V> {
-    tx: Option<SyncSender<Flush<K, V>>>,
+    tx: Option<SyncSender<Job<K, V>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl<K: Key, V: StateValue> Writer<K, V> {
     pub fn start(db: Arc<Database>, file: Arc<StoreFile>, max_parallelism: u32) -> Result<Self, String> {
-        // The task has at most HANDED_MAX + 1 caches handed over and not yet known written.
-        let (tx, rx) = sync_channel(super::disk::HANDED_MAX + 1);
+        // The task has at most HANDED_MAX + 1 caches handed over and not yet known written, after
+        // a restore's groups.
+        let (tx, rx) = sync_channel(super::disk::HANDED_MAX + 2);
         let thread = std::thread::Builder::new()
             .name("cutline-store".into())
             .spawn(move || run(db, file, max_parallelism, rx))
@@ -159,8 +170,17 @@ impl<K: Key, V: StateValue> Writer<K, V> {
         view: Option<&Arc<Slot<View>>>,
     ) -> Result<(), String> {
         let flush = Flush { cache, retired, log_keys, done: Fill(done.clone()), view: view.map(|v| Fill(v.clone())) };
+        self.send(Job::Flush(flush))
+    }
+
+    /// Have the store filled with `pending`'s groups before anything handed over after.
+    pub fn fill(&self, pending: Arc<PendingRestore>) -> Result<(), String> {
+        self.send(Job::Fill(pending))
+    }
+
+    fn send(&self, job: Job<K, V>) -> Result<(), String> {
         let tx = self.tx.as_ref().expect("open until dropped");
-        tx.send(flush).map_err(|_| "the local store's writer stopped; the task fails and the job restores".to_string())
+        tx.send(job).map_err(|_| "the local store's writer stopped; the task fails and the job restores".to_string())
     }
 }
 
@@ -173,16 +193,28 @@ impl<K, V> Drop for Writer<K, V> {
     }
 }
 
-fn run<K: Key, V: StateValue>(
-    db: Arc<Database>,
-    file: Arc<StoreFile>,
-    max_parallelism: u32,
-    rx: Receiver<Flush<K, V>>,
-) {
+fn run<K: Key, V: StateValue>(db: Arc<Database>, file: Arc<StoreFile>, max_parallelism: u32, rx: Receiver<Job<K, V>>) {
     let mut undurable_writes = 0u64;
-    for flush in rx {
+    // A failed write leaves the store short of it: nothing after it may be written.
+    let mut failed: Option<String> = None;
+    for job in rx {
+        let flush = match job {
+            Job::Fill(pending) => {
+                if failed.is_none() {
+                    failed = pending.fill(|kg, records| write_sorted(&db, &file.0, kg, records)).err();
+                }
+                continue;
+            }
+            Job::Flush(flush) => flush,
+        };
         drop(flush.retired);
-        let written = write(&db, &file.0, max_parallelism, &flush.cache, flush.log_keys, &mut undurable_writes);
+        let written = match &failed {
+            Some(e) => Err(e.clone()),
+            None => write(&db, &file.0, max_parallelism, &flush.cache, flush.log_keys, &mut undurable_writes),
+        };
+        if let Err(e) = &written {
+            failed = Some(e.clone());
+        }
         drop(flush.cache);
         if let Some(view) = &flush.view {
             view.0.put(written.as_ref().map_err(Clone::clone).and_then(|_| open_view(&db, &file.0)));
@@ -249,7 +281,12 @@ fn write<K: Key, V: StateValue>(
 /// Write restored records of key group `kg` (stored keys without their group, and stored values),
 /// sorted by key, in one transaction: in that order the B-tree grows at its end instead of taking a
 /// page write per key. A key already stored is a damaged checkpoint or a bug; the task fails.
-pub(super) fn write_sorted(db: &Database, path: &Path, kg: u32, records: &[(&[u8], &[u8])]) -> Result<(), String> {
+pub(super) fn write_sorted<'a>(
+    db: &Database,
+    path: &Path,
+    kg: u32,
+    records: &mut dyn Iterator<Item = (&'a [u8], &'a [u8])>,
+) -> Result<(), String> {
     let err = |e: &dyn std::fmt::Display| store_err(path, e);
     let mut txn = db.begin_write().map_err(|e| err(&e))?;
     txn.set_durability(Durability::None).map_err(|e| err(&e))?;
@@ -260,7 +297,7 @@ pub(super) fn write_sorted(db: &Database, path: &Path, kg: u32, records: &[(&[u8
             key.clear();
             key.extend_from_slice(&kg.to_be_bytes());
             key.extend_from_slice(k);
-            if table.insert(&key[..], *v).map_err(|e| err(&e))?.is_some() {
+            if table.insert(&key[..], v).map_err(|e| err(&e))?.is_some() {
                 return Err(format!(
                     "restoring key group {kg}: a key was stored twice; the checkpoint is inconsistent"
                 ));

@@ -10,6 +10,8 @@ mod cow_map;
 #[cfg(feature = "spill")]
 mod disk;
 #[cfg(feature = "spill")]
+mod disk_pending;
+#[cfg(feature = "spill")]
 mod disk_writer;
 mod freeze_log;
 mod frozen;

@@ -262,7 +262,7 @@ impl Sim {
         cfg
     }
 
-    /// One seed in eight keeps keyed state on disk (with feature `spill`) behind a cache of a few
+    /// One seed in four keeps keyed state on disk (with feature `spill`) behind a cache of a few
     /// keys, so that it flushes all the time. Chosen from the seed, not drawn from the generator:
     /// seeds replay as they did before the choice existed. The stores go to /dev/shm where there is
     /// one: every task incarnation creates one, and creating a store syncs it.
@@ -270,7 +270,7 @@ impl Sim {
         let pick = crate::state::splitmix64(self.seed ^ 0xd15c_5eed);
         let shm = std::path::Path::new("/dev/shm");
         let root = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
-        (cfg!(feature = "spill") && pick.is_multiple_of(8)).then(|| crate::state::StateBackend::Disk {
+        (cfg!(feature = "spill") && pick.is_multiple_of(4)).then(|| crate::state::StateBackend::Disk {
             dir: root.join(format!("cutline-sim-state-{}", std::process::id())),
             cache_entries: 1 + (pick >> 8) as usize % 8,
         })
