@@ -41,6 +41,7 @@ fn run_seeds(name: &str, o: SimOptions, range: std::ops::Range<u64>) {
                 total.failed_claims += r.failed_claims;
                 total.incremental_cuts += r.incremental_cuts;
                 total.disk_state_seeds += r.disk_state_seeds;
+                total.removed_keys_checked += r.removed_keys_checked;
             }
             Err(e) => {
                 panic!("{name}: seed {seed} failed: {e}\nreplay: cutline drill --seed {seed} --sim-seeds 1 --runs 0")
@@ -48,14 +49,15 @@ fn run_seeds(name: &str, o: SimOptions, range: std::ops::Range<u64>) {
         }
     }
     eprintln!(
-        "{name}: {n} seeds passed; {failovers} failovers, {crashes} process crashes, {cuts} consistent cuts checked, {late} late writes of older generations; {} in-flight batches in checkpoints, {} switched snapshots, {} retunes, {} stalls, {} savepoints requested, {} stops with a savepoint, {} generation claims failed by storage, {} incremental checkpoints checked, {} seeds with state on disk",
-        total.in_flight_batches, total.switched_snapshots, total.retunes, total.stalls, total.savepoints_requested, total.stopped_with_savepoint, total.failed_claims, total.incremental_cuts, total.disk_state_seeds
+        "{name}: {n} seeds passed; {failovers} failovers, {crashes} process crashes, {cuts} consistent cuts checked, {late} late writes of older generations; {} in-flight batches in checkpoints, {} switched snapshots, {} retunes, {} stalls, {} savepoints requested, {} stops with a savepoint, {} generation claims failed by storage, {} incremental checkpoints checked, {} seeds with state on disk, {} removed keys checked absent",
+        total.in_flight_batches, total.switched_snapshots, total.retunes, total.stalls, total.savepoints_requested, total.stopped_with_savepoint, total.failed_claims, total.incremental_cuts, total.disk_state_seeds, total.removed_keys_checked
     );
     // The scenario must really exercise recovery, or it proves nothing.
     if n >= 100 {
         assert!(failovers > n / 4 && crashes > n / 10 && cuts > n && late > 0, "{name}: too few failures exercised");
         assert!(total.failed_claims > 0, "{name}: no generation claim ever failed");
         assert!(total.incremental_cuts > n / 5, "{name}: too few incremental checkpoints checked");
+        assert!(total.removed_keys_checked > n, "{name}: too few removed keys checked");
         if cfg!(feature = "spill") {
             assert!(total.disk_state_seeds > n / 6, "{name}: too few seeds kept keyed state on disk");
         }

@@ -174,6 +174,8 @@ pub struct SimReport {
     pub stopped_with_savepoint: u64,
     /// Seeds whose keyed operators kept their state on disk (feature `spill`).
     pub disk_state_seeds: u64,
+    /// Keys the join had removed, found absent from the state of a checked checkpoint.
+    pub removed_keys_checked: u64,
 }
 
 pub(super) const FINGERPRINT: &str = "sim-job";
