@@ -8,7 +8,7 @@
 //! postcard encoding. A snapshot's `(key, value)` record is then the stored key without its group
 //! followed by the stored value, as [`ElementState`] wants it, without decoding either.
 
-use super::disk_pending::{Lookup, PendingRestore, LAZY_RESTORE_MAX_BYTES};
+use super::disk_pending::{held_bytes, Lookup, PendingRestore, LAZY_RESTORE_MAX_BYTES};
 use super::disk_writer::{
     open_view, store_err, write_sorted, Cached, Handed, KeyLog, Slot, StoreFile, View, Writer, KV,
 };
@@ -79,6 +79,8 @@ pub(crate) struct DiskMap<K, V> {
     pending: Option<Arc<PendingRestore>>,
     /// How many of `pending`'s groups the view holds.
     pending_in_view: usize,
+    /// A barrier's view comes after `pending`'s groups: a snapshot needs them written.
+    pending_needed: bool,
     /// [`LAZY_RESTORE_MAX_BYTES`] (tests set less).
     lazy_restore_max_bytes: usize,
 }
@@ -128,6 +130,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
             restoring: None,
             pending: None,
             pending_in_view: 0,
+            pending_needed: false,
             lazy_restore_max_bytes: LAZY_RESTORE_MAX_BYTES,
         })
     }
@@ -166,8 +169,13 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         if let Some(c) = self.handed.iter().rev().find_map(|(h, _)| h.get(k)) {
             return Ok(c.value.clone());
         }
-        if self.pending.as_ref().is_some_and(|p| p.filled() > self.pending_in_view) {
-            self.reopen_view()?;
+        if let Some(p) = &self.pending {
+            if let Some(e) = p.failure() {
+                return Err(format!("writing restored state to the local store: {e}"));
+            }
+            if p.filled() > self.pending_in_view {
+                self.reopen_view()?;
+            }
         }
         let mut buf = std::mem::take(&mut self.key_buf);
         self.encode_key(k, &mut buf)?;
@@ -239,8 +247,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
             ));
         }
         *last = Some(kg);
-        let len: usize = records.iter().map(|(k, v)| k.len() + v.len()).sum();
-        if collected.bytes() + len <= self.lazy_restore_max_bytes {
+        if collected.bytes() + held_bytes(records) <= self.lazy_restore_max_bytes {
             collected.push(kg, records)
         } else {
             write_sorted(&self.db, &self.file.0, kg, &mut records.iter().copied())
@@ -302,6 +309,10 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
     /// Hand the cache over to the writer (once at most `keep` handed over before are in flight)
     /// and go on with an empty one; `view` gets the store's view once it is written.
     fn hand_over(&mut self, view: Option<&Arc<Slot<View>>>, keep: usize) -> Result<(), String> {
+        if self.pending.as_ref().is_some_and(|p| p.filled() == p.len()) {
+            self.reopen_view()?; // and free the restored records
+        }
+        self.pending_needed |= view.is_some() && self.pending.is_some();
         let written = self.settle(keep)?;
         let cache: Handed<K, V> = Arc::new(std::mem::take(&mut self.cache));
         let done = Slot::new();
@@ -359,6 +370,15 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
             }
         }
         Ok(())
+    }
+}
+
+impl<K, V> Drop for DiskMap<K, V> {
+    fn drop(&mut self) {
+        // The writer (dropped after this) would otherwise finish a restore's groups first.
+        if let Some(p) = self.pending.as_ref().filter(|_| !self.pending_needed) {
+            p.abandon();
+        }
     }
 }
 

@@ -7,13 +7,20 @@
 //! transaction committed; a view of the store opened after the task read that count holds every
 //! group counted. Caches the task hands over after the restore are written after every group.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
-/// Bytes of restored records a store keeps in memory for its writer to fill the store with after
-/// the task started. A restore beyond it writes its further groups before the task starts, as all
-/// restores did before. (The checkpoint's files are in memory while a job restores anyway: this
-/// at most doubles that, for the restore's duration.)
+/// Bytes of restored records (and their index) a store keeps in memory for its writer to fill the
+/// store with after the task started; a group that does not fit any more is written during the
+/// restore, before the task starts, as all restores did before. (The checkpoint's files are in
+/// memory while a job restores anyway: this at most doubles that, until the writer wrote them all.)
 pub const LAZY_RESTORE_MAX_BYTES: usize = 256 << 20;
+
+/// What `records` cost held here: their bytes and their index.
+pub(super) fn held_bytes(records: &[(&[u8], &[u8])]) -> usize {
+    records.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+        + records.len() * std::mem::size_of::<(usize, usize)>()
+}
 
 /// One restored key group: its records, sorted by stored key.
 struct PendingGroup {
@@ -62,6 +69,10 @@ pub(super) struct PendingRestore {
     bytes: usize,
     /// How many of `groups`, from the first, the store holds (committed).
     filled: AtomicUsize,
+    /// The task is gone and no snapshot needs the store: the writer stops between groups.
+    abandoned: AtomicBool,
+    /// Why the writer could not write them (the task fails on its next read).
+    failure: OnceLock<String>,
     /// Tests: the writer waits for this before it writes anything.
     #[cfg(test)]
     pub hold: Option<std::sync::Arc<super::disk_writer::Slot<()>>>,
@@ -89,6 +100,7 @@ impl PendingRestore {
             return Ok(());
         }
         let len = records.iter().map(|(k, v)| k.len() + v.len()).sum();
+        self.bytes += held_bytes(records);
         let mut group = PendingGroup { kg, bytes: Vec::with_capacity(len), ends: Vec::with_capacity(records.len()) };
         for (k, v) in records {
             group.bytes.extend_from_slice(k);
@@ -96,7 +108,6 @@ impl PendingRestore {
             group.bytes.extend_from_slice(v);
             group.ends.push((key_end, group.bytes.len()));
         }
-        self.bytes += len + records.len() * std::mem::size_of::<(usize, usize)>();
         self.groups.push(group);
         Ok(())
     }
@@ -108,6 +119,21 @@ impl PendingRestore {
 
     pub fn len(&self) -> usize {
         self.groups.len()
+    }
+
+    /// Why the writer could not fill the store, if it could not.
+    pub fn failure(&self) -> Option<&String> {
+        self.failure.get()
+    }
+
+    /// Stop writing: the store will not be read again.
+    pub fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Relaxed);
+    }
+
+    #[cfg(test)]
+    pub fn is_abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Relaxed)
     }
 
     /// Where stored key `key` (its group first) is, for a view that holds the first `in_view` groups.
@@ -122,8 +148,19 @@ impl PendingRestore {
     }
 
     /// The writer: each group's key group and records, in order; `filled` counts one after
-    /// `write` committed it.
+    /// `write` committed it. An error (or the task gone) stops it; the task sees the error.
     pub fn fill<'a>(
+        &'a self,
+        write: impl FnMut(u32, &mut dyn Iterator<Item = (&'a [u8], &'a [u8])>) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let filled = self.fill_groups(write);
+        if let Err(e) = &filled {
+            let _ = self.failure.set(e.clone());
+        }
+        filled
+    }
+
+    fn fill_groups<'a>(
         &'a self,
         mut write: impl FnMut(u32, &mut dyn Iterator<Item = (&'a [u8], &'a [u8])>) -> Result<(), String>,
     ) -> Result<(), String> {
@@ -132,6 +169,9 @@ impl PendingRestore {
             hold.get()?;
         }
         for (i, g) in self.groups.iter().enumerate() {
+            if self.abandoned.load(Ordering::Relaxed) {
+                return Err("the task ended before its restored state was written to its local store".into());
+            }
             write(g.kg, &mut (0..g.ends.len()).map(|r| g.record(r)))?;
             self.filled.store(i + 1, Ordering::Release);
         }

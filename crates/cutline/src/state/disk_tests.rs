@@ -210,6 +210,41 @@ fn groups_restored_in_key_order_read_back_and_snapshot_as_they_were_written() {
     m.track_changes(false).unwrap();
     assert!(m.restore_sorted(3, &[(b, a), (a, a)]).unwrap_err().contains("not sorted"));
     assert!(m.restore_sorted(4, &[(a, a), (a, b)]).unwrap_err().contains("stored twice"));
+    // The writer's own check, should a key reach it twice.
+    let twice = write_sorted(&m.db, m.path(), 5, &mut [(a, a), (a, b)].into_iter()).unwrap_err();
+    assert!(twice.contains("stored twice"), "{twice}");
+}
+
+#[test]
+fn a_task_gone_before_its_restore_was_written_stops_the_writer_and_a_failed_fill_fails_the_next_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let model: HashMap<u64, u64> = (0..3_000u64).map(|k| (splitmix64(k), k)).collect();
+    let keys: Vec<u64> = model.keys().copied().collect();
+    // Dropped before any barrier: nothing needs the store, the writer stops before the first group.
+    let (m, hold) = restored(dir.path(), 1_000, &model, usize::MAX);
+    let pending = m.pending.clone().unwrap();
+    let release = Release(hold);
+    let dropped = std::thread::spawn(move || drop(m)); // waits for the writer
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !pending.is_abandoned() {
+        assert!(std::time::Instant::now() < deadline, "dropping the map did not stop its writer");
+        std::thread::yield_now();
+    }
+    drop(release);
+    dropped.join().unwrap();
+    assert_eq!(pending.filled(), 0, "the writer stopped");
+    assert!(pending.failure().is_some());
+    // A fill that fails: the task's next read that misses its cache fails too.
+    let (mut m, hold) = restored(dir.path(), 1_000, &model, usize::MAX);
+    let _release = Release(hold.clone());
+    assert_eq!(m.get_mut(&keys[0]).unwrap().cloned().flatten(), model.get(&keys[0]).copied());
+    m.pending.as_ref().unwrap().abandon();
+    hold.put(Ok(()));
+    while m.pending.as_ref().unwrap().failure().is_none() {
+        std::thread::yield_now();
+    }
+    let e = m.get_mut(&keys[1]).unwrap_err();
+    assert!(e.contains("restored state"), "{e}");
 }
 
 #[test]
