@@ -55,6 +55,9 @@ impl Scraper {
             let mut took = Vec::new();
             while !stop2.load(Ordering::SeqCst) {
                 let (status, body, t) = get(&addr, "/metrics")?;
+                if status == 503 && body.contains("the job has ended") {
+                    break; // it ended between the last scrape and `finish`
+                }
                 // A job between generations has no tasks; a running one has every task's series.
                 if status != 200 || !body.ends_with("# EOF\n") {
                     bail!("a scrape answered {status}: {}", body.lines().next().unwrap_or_default());
