@@ -16,7 +16,7 @@ pub enum StateBackend {
     #[default]
     Memory,
     /// On local disk, for state larger than memory (cargo feature `spill`): each keyed operator task
-    /// keeps an embedded store (redb, a B-tree file) under `dir`, and in memory a write-back cache
+    /// keeps an embedded store (fjall, an LSM tree) under `dir`, and in memory a write-back cache
     /// of at most `cache_entries` keys it read or wrote. A full cache is handed whole to the store's
     /// writer thread, which writes it in one transaction, and the task goes on with an empty one. At
     /// a barrier the task hands its cache over the same way (a swap: the barrier's cost does not

@@ -3,21 +3,19 @@
 //! store's view at a barrier, encoded on a snapshot writer thread, whole or as what changed since
 //! the snapshot's base.
 //!
-//! The store (redb) holds one table: the key is the key group (4 bytes, big-endian, so a scan
+//! The store ([`Store`], an LSM tree) holds one keyspace: the key is the key group (4 bytes, big-endian, so a scan
 //! visits the groups in order) followed by the key's postcard encoding, the value the value's
 //! postcard encoding. A snapshot's `(key, value)` record is then the stored key without its group
 //! followed by the stored value, as [`ElementState`] wants it, without decoding either.
 
-use super::disk_pending::{held_bytes, Lookup, PendingRestore, LAZY_RESTORE_MAX_BYTES};
-use super::disk_writer::{
-    open_view, store_err, write_sorted, Cached, Handed, KeyLog, Slot, StoreFile, View, Writer, KV,
-};
+use super::disk_pending::{check_sorted, held_bytes, Lookup, PendingRestore, LAZY_RESTORE_MAX_BYTES};
+use super::disk_store::{remove_orphans, store_err, Store, View};
+use super::disk_writer::{write_sorted, Cached, Handed, KeyLog, Slot, Writer};
 use super::freeze_log::FreezeLog;
 use super::hash::{key_group_of_hash, stable_hash};
 use super::snapshot::{ElementState, StateImage};
 use super::{Key, StateValue};
 use cutline_core::{CheckpointId, KeyGroup, KeyGroupRange};
-use redb::{Database, Durability, ReadableTable};
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
@@ -33,8 +31,6 @@ pub const MAX_CHANGED_LOG_BYTES: usize = 256 << 20;
 /// a full cache in progress. At most `HANDED_MAX + 2` caches (the task's own and those handed over)
 /// are in memory.
 pub const HANDED_MAX: usize = 2;
-/// The store's own page cache, per task.
-pub const DISK_PAGE_CACHE_BYTES: usize = 64 << 20;
 
 /// A cache handed over to the writer and its flush.
 type InFlight<K, V> = (Handed<K, V>, Arc<Slot<KeyLog>>);
@@ -49,12 +45,13 @@ type Interval = Arc<Vec<Arc<Slot<KeyLog>>>>;
 /// in flight. So at most `HANDED_MAX + 2` caches of `cache_max` keys are in memory, and a barrier
 /// costs the task a swap, not a write.
 pub(crate) struct DiskMap<K, V> {
-    // Field order is drop order: the view before the database, the writer (which waits for what
-    // was handed over) before the database, the database before its file.
-    view: View,
+    // Field order is drop order: the writer (which waits for what was handed over) before the
+    // store. The task reads the store as it is, not a snapshot of it: a key of a cache being
+    // written is read from that cache, and every other key's stored value is the same in any
+    // snapshot since its cache was written. (An open snapshot holds back the store's garbage
+    // collection: with one always open, its old memtables and versions piled up, 390 MB at 4 M keys.)
     writer: Writer<K, V>,
-    db: Arc<Database>,
-    file: Arc<StoreFile>,
+    store: Arc<Store>,
     cache: HashMap<K, Cached<V>>,
     /// The caches handed over (oldest first) and their flushes, read after `cache` (newest first)
     /// and before the store, until the task knows they were written.
@@ -74,10 +71,10 @@ pub(crate) struct DiskMap<K, V> {
     /// A restore's groups while it collects them (until tracking starts again), and the last group
     /// it restored: groups come in ascending order, each once.
     restoring: Option<(PendingRestore, Option<u32>)>,
-    /// Restored groups the writer is still writing, read for keys of the groups not in the view;
-    /// `None` once the view holds them all.
+    /// Restored groups the writer is still writing, read for keys of the groups not known to be in
+    /// the store; `None` once the store holds them all.
     pending: Option<Arc<PendingRestore>>,
-    /// How many of `pending`'s groups the view holds.
+    /// How many of `pending`'s groups the task knows the store holds.
     pending_in_view: usize,
     /// A barrier's view comes after `pending`'s groups: a snapshot needs them written.
     pending_needed: bool,
@@ -101,22 +98,10 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         // Unique in this process too (jobs with the same id may run side by side in one process).
         static STORES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = STORES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = dir.join(format!("{}-{safe}-{n}.redb", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let file = Arc::new(StoreFile(path.clone()));
-        let db =
-            Database::builder().set_cache_size(DISK_PAGE_CACHE_BYTES).create(&path).map_err(|e| store_err(&path, e))?;
-        let mut txn = db.begin_write().map_err(|e| store_err(&path, e))?;
-        txn.set_durability(Durability::None).map_err(|e| store_err(&path, e))?;
-        txn.open_table(KV).map_err(|e| store_err(&path, e))?;
-        txn.commit().map_err(|e| store_err(&path, e))?;
-        let view = open_view(&db, &path)?;
-        let db = Arc::new(db);
+        let store = Store::create(dir.join(format!("{}-{safe}-{n}.store", std::process::id())))?;
         Ok(DiskMap {
-            view,
-            writer: Writer::start(db.clone(), file.clone(), max_parallelism)?,
-            db,
-            file,
+            writer: Writer::start(store.clone(), max_parallelism)?,
+            store,
             cache: HashMap::new(),
             handed: VecDeque::new(),
             cache_max: cache_max.max(1),
@@ -137,7 +122,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
 
     #[cfg(test)]
     fn path(&self) -> &Path {
-        &self.file.0
+        self.store.path()
     }
 
     /// The stored form of `k`'s key into `buf`.
@@ -150,17 +135,15 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         Ok(())
     }
 
-    /// Open a new view of the store, and drop the restored groups it holds.
-    fn reopen_view(&mut self) -> Result<(), String> {
-        // Read before the view opens: the view holds at least the groups counted.
+    /// Count the restored groups the store holds, and drop them once it holds them all.
+    fn refresh_filled(&mut self) {
+        // A group is counted after its write committed: a read after this holds it.
         let filled = self.pending.as_ref().map(|p| (p.filled(), p.len()));
-        self.view = open_view(&self.db, &self.file.0)?;
         match filled {
             Some((filled, len)) if filled == len => self.pending = None,
             Some((filled, _)) => self.pending_in_view = filled,
             None => {}
         }
-        Ok(())
     }
 
     /// `k`'s value outside the cache: in the caches handed over (newest first), in the restored
@@ -174,7 +157,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
                 return Err(format!("writing restored state to the local store: {e}"));
             }
             if p.filled() > self.pending_in_view {
-                self.reopen_view()?;
+                self.refresh_filled();
             }
         }
         let mut buf = std::mem::take(&mut self.key_buf);
@@ -183,8 +166,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         let value = match self.pending.as_ref().map(|p| p.lookup(&buf, self.pending_in_view)) {
             Some(Lookup::Pending(v)) => v.map(postcard::from_bytes).transpose().map_err(damaged)?,
             None | Some(Lookup::Store) => {
-                let got = self.view.get(&buf[..]).map_err(|e| store_err(&self.file.0, e))?;
-                got.map(|g| postcard::from_bytes(g.value())).transpose().map_err(damaged)?
+                self.store.get(&buf)?.map(|g| postcard::from_bytes(&g)).transpose().map_err(damaged)?
             }
         };
         self.key_buf = buf;
@@ -250,7 +232,8 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         if collected.bytes() + held_bytes(records) <= self.lazy_restore_max_bytes {
             collected.push(kg, records)
         } else {
-            write_sorted(&self.db, &self.file.0, kg, &mut records.iter().copied())
+            check_sorted(kg, records)?;
+            write_sorted(&self.store, kg, &mut records.iter().copied())
         }
     }
 
@@ -270,7 +253,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
                         self.pending = Some(collected);
                         self.pending_in_view = 0;
                     }
-                    self.reopen_view()?;
+                    self.refresh_filled();
                 }
                 None => self.write_all()?,
             }
@@ -282,7 +265,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
     }
 
     /// Forget the caches handed over that the writer wrote, waiting for the oldest while more than
-    /// `keep` are left; the store's view then holds them. Returns them, to be freed.
+    /// `keep` are left; the store then holds them. Returns them, to be freed.
     fn settle(&mut self, keep: usize) -> Result<Vec<Handed<K, V>>, String> {
         let mut written = Vec::new();
         while let Some((_, done)) = self.handed.front() {
@@ -296,7 +279,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         if written.is_empty() {
             return Ok(written);
         }
-        self.reopen_view()?;
+        self.refresh_filled();
         if self.logged_bytes > MAX_CHANGED_LOG_BYTES {
             // Too much to log: the next snapshot is whole, later ones build on it again.
             self.interval.clear();
@@ -310,7 +293,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
     /// and go on with an empty one; `view` gets the store's view once it is written.
     fn hand_over(&mut self, view: Option<&Arc<Slot<View>>>, keep: usize) -> Result<(), String> {
         if self.pending.as_ref().is_some_and(|p| p.filled() == p.len()) {
-            self.reopen_view()?; // and free the restored records
+            self.refresh_filled(); // and free the restored records
         }
         self.pending_needed |= view.is_some() && self.pending.is_some();
         let written = self.settle(keep)?;
@@ -343,8 +326,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         let changed = base_kept.map(|b| self.freezes.after(b).cloned().collect());
         Ok(DiskFrozen {
             view,
-            _db: self.db.clone(),
-            _file: self.file.clone(),
+            _store: self.store.clone(),
             range: self.range,
             max_parallelism: self.max_parallelism,
             changed,
@@ -355,16 +337,23 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
     /// stops when `f` returns false.
     pub fn for_each_mut(&mut self, mut f: impl FnMut(&K, &mut Option<V>) -> bool) -> Result<(), String> {
         self.write_all()?;
-        let view = open_view(&self.db, &self.file.0)?;
-        let iter = view.iter().map_err(|e| store_err(&self.file.0, e))?;
-        for item in iter {
-            let (k, v) = item.map_err(|e| store_err(&self.file.0, e))?;
+        let view = self.store.view();
+        for item in view.iter() {
+            let (k, v) = item?;
             let damaged = |e: postcard::Error| format!("decoding the local store: {e}; the store is damaged");
-            let key: K = postcard::from_bytes(&k.value()[4..]).map_err(damaged)?;
-            let mut slot: Option<V> = Some(postcard::from_bytes(v.value()).map_err(damaged)?);
+            let key: K = postcard::from_bytes(k.get(4..).unwrap_or_default()).map_err(damaged)?;
+            let mut slot: Option<V> = Some(postcard::from_bytes(&v).map_err(damaged)?);
             let go = f(&key, &mut slot);
-            self.room()?;
-            self.cache.insert(key, Cached { value: slot, dirty: true });
+            // Only what `f` changed is written back: rewriting every key (as at the end of
+            // input) would make the store write, and the next snapshot hold, the whole state.
+            let unchanged = match &slot {
+                Some(value) => postcard::to_allocvec(value).map_err(|e| format!("encoding a value: {e}"))? == &v[..],
+                None => false,
+            };
+            if !unchanged {
+                self.room()?;
+                self.cache.insert(key, Cached { value: slot, dirty: true });
+            }
             if !go {
                 break;
             }
@@ -382,32 +371,13 @@ impl<K, V> Drop for DiskMap<K, V> {
     }
 }
 
-/// Remove the stores in `dir` whose process is gone (`<pid>-*.redb`, left by a process killed
-/// before it could remove them).
-fn remove_orphans(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some((pid, _)) = name.strip_suffix(".redb").and_then(|n| n.split_once('-')) else { continue };
-        let Ok(pid) = pid.parse::<i32>() else { continue };
-        // SAFETY: kill with signal 0 only checks whether the process exists.
-        let gone =
-            unsafe { libc::kill(pid, 0) } == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-        if gone {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
-}
-
 /// A [`DiskMap`]'s store as it was at a barrier, with the keys changed since the base's snapshot if
 /// the map still knew them.
 pub(crate) struct DiskFrozen {
     // Field order is drop order, as in `DiskMap`: the store must outlive the view.
     /// The store's view right after the barrier's cache was written.
     view: Arc<Slot<View>>,
-    _db: Arc<Database>,
-    _file: Arc<StoreFile>,
+    _store: Arc<Store>,
     range: KeyGroupRange,
     max_parallelism: u32,
     /// The flushes of the intervals since the base, if the map still knew them.
@@ -429,7 +399,7 @@ impl DiskFrozen {
         let changed = self.changed.filter(|_| incremental);
         let mut upserts: Vec<Vec<u8>> = vec![Vec::new(); groups_len];
         let mut removes: Vec<Vec<u8>> = vec![Vec::new(); if changed.is_some() { groups_len } else { 0 }];
-        let store = |e: redb::StorageError| format!("{uid}: reading the local state store: {e}");
+        let store = |e: String| format!("{uid}: {e}");
         let group = |key: &[u8]| -> Result<usize, String> {
             let kg = key.get(..4).map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")));
             match kg {
@@ -460,18 +430,18 @@ impl DiskFrozen {
                     match view.get(key).map_err(store)? {
                         Some(v) => {
                             upserts[g].extend_from_slice(&key[4..]);
-                            upserts[g].extend_from_slice(v.value());
+                            upserts[g].extend_from_slice(&v);
                         }
                         None => removes[g].extend_from_slice(&key[4..]),
                     }
                 }
             }
             None => {
-                for item in view.iter().map_err(store)? {
+                for item in view.iter() {
                     let (k, v) = item.map_err(store)?;
-                    let g = group(k.value())?;
-                    upserts[g].extend_from_slice(&k.value()[4..]);
-                    upserts[g].extend_from_slice(v.value());
+                    let g = group(&k)?;
+                    upserts[g].extend_from_slice(&k[4..]);
+                    upserts[g].extend_from_slice(&v);
                 }
             }
         }

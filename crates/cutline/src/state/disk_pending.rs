@@ -22,6 +22,17 @@ pub(super) fn held_bytes(records: &[(&[u8], &[u8])]) -> usize {
         + records.len() * std::mem::size_of::<(usize, usize)>()
 }
 
+/// Refuse restored records of key group `kg` that are not sorted by key, each key once (the
+/// store does not check: a key written twice would keep the later value silently).
+pub(super) fn check_sorted(kg: u32, records: &[(&[u8], &[u8])]) -> Result<(), String> {
+    if records.windows(2).any(|w| w[0].0 >= w[1].0) {
+        return Err(format!(
+            "restoring key group {kg}: its records are not sorted, or a key is stored twice; the checkpoint is inconsistent"
+        ));
+    }
+    Ok(())
+}
+
 /// One restored key group: its records, sorted by stored key.
 struct PendingGroup {
     kg: u32,
@@ -91,11 +102,7 @@ impl PendingRestore {
     /// Add key group `kg`'s records (stored keys without their group, and stored values), which
     /// must be sorted by key, each key once. The caller checks the groups ascend.
     pub fn push(&mut self, kg: u32, records: &[(&[u8], &[u8])]) -> Result<(), String> {
-        if records.windows(2).any(|w| w[0].0 >= w[1].0) {
-            return Err(format!(
-                "restoring key group {kg}: its records are not sorted, or a key is stored twice; the checkpoint is inconsistent"
-            ));
-        }
+        check_sorted(kg, records)?;
         if records.is_empty() {
             return Ok(());
         }

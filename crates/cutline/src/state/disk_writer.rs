@@ -9,45 +9,12 @@
 //! state at the barrier. After a failed write it writes nothing more: every later flush fails.
 
 use super::disk_pending::PendingRestore;
+use super::disk_store::{Store, View};
 use super::hash::{key_group_of_hash, stable_hash};
 use super::{Key, StateValue};
-use redb::{Database, Durability, ReadOnlyTable, ReadableDatabase, TableDefinition};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex};
-
-pub(super) const KV: TableDefinition<&[u8], &[u8]> = TableDefinition::new("kv");
-
-/// Keys written to the store between two durable commits. The other commits are not synced to
-/// disk, which the store does not need (a restarted task refills a new one from the checkpoint), but
-/// it reuses the pages they free only after a durable commit: this bounds the file's growth (about a
-/// page per key written) without a sync per flush.
-pub const DURABLE_COMMIT_AFTER_WRITES: u64 = 65_536;
-
-pub(super) type View = ReadOnlyTable<&'static [u8], &'static [u8]>;
-
-/// A failure of the local store; the task fails and the job restores.
-pub(super) fn store_err(path: &Path, e: impl std::fmt::Display) -> String {
-    format!(
-        "local state store {}: {e}; check the disk under the state backend's directory (space, permissions)",
-        path.display()
-    )
-}
-
-pub(super) fn open_view(db: &Database, path: &Path) -> Result<View, String> {
-    let txn = db.begin_read().map_err(|e| store_err(path, e))?;
-    txn.open_table(KV).map_err(|e| store_err(path, e))
-}
-
-/// The store's file, removed when the map, its writer and every snapshot reading it are gone.
-pub(super) struct StoreFile(pub PathBuf);
-
-impl Drop for StoreFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
 
 /// A cached entry: `None` is a key known to have no state; `dirty` if the store (once every cache
 /// handed over before is written) holds another value.
@@ -148,13 +115,13 @@ pub(super) struct Writer<K, V> {
 }
 
 impl<K: Key, V: StateValue> Writer<K, V> {
-    pub fn start(db: Arc<Database>, file: Arc<StoreFile>, max_parallelism: u32) -> Result<Self, String> {
+    pub fn start(store: Arc<Store>, max_parallelism: u32) -> Result<Self, String> {
         // The task has at most HANDED_MAX + 1 caches handed over and not yet known written, after
         // a restore's groups.
         let (tx, rx) = sync_channel(super::disk::HANDED_MAX + 2);
         let thread = std::thread::Builder::new()
             .name("cutline-store".into())
-            .spawn(move || run(db, file, max_parallelism, rx))
+            .spawn(move || run(store, max_parallelism, rx))
             .map_err(|e| format!("starting the local store's writer thread: {e}"))?;
         Ok(Writer { tx: Some(tx), thread: Some(thread) })
     }
@@ -193,15 +160,14 @@ impl<K, V> Drop for Writer<K, V> {
     }
 }
 
-fn run<K: Key, V: StateValue>(db: Arc<Database>, file: Arc<StoreFile>, max_parallelism: u32, rx: Receiver<Job<K, V>>) {
-    let mut undurable_writes = 0u64;
+fn run<K: Key, V: StateValue>(store: Arc<Store>, max_parallelism: u32, rx: Receiver<Job<K, V>>) {
     // A failed write leaves the store short of it: nothing after it may be written.
     let mut failed: Option<String> = None;
     for job in rx {
         let flush = match job {
             Job::Fill(pending) => {
                 if failed.is_none() {
-                    failed = pending.fill(|kg, records| write_sorted(&db, &file.0, kg, records)).err();
+                    failed = pending.fill(|kg, records| write_sorted(&store, kg, records)).err();
                 }
                 continue;
             }
@@ -210,27 +176,25 @@ fn run<K: Key, V: StateValue>(db: Arc<Database>, file: Arc<StoreFile>, max_paral
         drop(flush.retired);
         let written = match &failed {
             Some(e) => Err(e.clone()),
-            None => write(&db, &file.0, max_parallelism, &flush.cache, flush.log_keys, &mut undurable_writes),
+            None => write(&store, max_parallelism, &flush.cache, flush.log_keys),
         };
         if let Err(e) = &written {
             failed = Some(e.clone());
         }
         drop(flush.cache);
         if let Some(view) = &flush.view {
-            view.0.put(written.as_ref().map_err(Clone::clone).and_then(|_| open_view(&db, &file.0)));
+            view.0.put(written.as_ref().map_err(Clone::clone).map(|_| store.view()));
         }
         flush.done.0.put(written.map(Arc::new));
     }
 }
 
-/// Write `cache`'s dirty entries in one transaction, in key order; the stored keys if `log_keys`.
+/// Write `cache`'s dirty entries in one batch; the stored keys if `log_keys`.
 fn write<K: Key, V: StateValue>(
-    db: &Database,
-    path: &Path,
+    store: &Store,
     max_parallelism: u32,
     cache: &HashMap<K, Cached<V>>,
     log_keys: bool,
-    undurable_writes: &mut u64,
 ) -> Result<Vec<u8>, String> {
     let mut writes: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
     for (k, c) in cache.iter().filter(|(_, c)| c.dirty) {
@@ -247,27 +211,7 @@ fn write<K: Key, V: StateValue>(
     if writes.is_empty() {
         return Ok(Vec::new());
     }
-    writes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let err = |e: &dyn std::fmt::Display| store_err(path, e);
-    let mut txn = db.begin_write().map_err(|e| err(&e))?;
-    *undurable_writes += writes.len() as u64;
-    let durability = if *undurable_writes >= DURABLE_COMMIT_AFTER_WRITES {
-        *undurable_writes = 0;
-        Durability::Immediate
-    } else {
-        Durability::None
-    };
-    txn.set_durability(durability).map_err(|e| err(&e))?;
-    {
-        let mut table = txn.open_table(KV).map_err(|e| err(&e))?;
-        for (key, value) in &writes {
-            match value {
-                Some(v) => drop(table.insert(&key[..], &v[..]).map_err(|e| err(&e))?),
-                None => drop(table.remove(&key[..]).map_err(|e| err(&e))?),
-            }
-        }
-    }
-    txn.commit().map_err(|e| err(&e))?;
+    store.write(writes.iter().map(|(k, v)| (&k[..], v.as_deref())))?;
     let mut log = Vec::new();
     if log_keys {
         for (key, _) in &writes {
@@ -278,31 +222,27 @@ fn write<K: Key, V: StateValue>(
     Ok(log)
 }
 
-/// Write restored records of key group `kg` (stored keys without their group, and stored values),
-/// sorted by key, in one transaction: in that order the B-tree grows at its end instead of taking a
-/// page write per key. A key already stored is a damaged checkpoint or a bug; the task fails.
+/// Write restored records of key group `kg` (stored keys without their group, and stored values)
+/// in one batch. The caller checked them: sorted, each key once, groups each once, into a store
+/// nothing else wrote to.
 pub(super) fn write_sorted<'a>(
-    db: &Database,
-    path: &Path,
+    store: &Store,
     kg: u32,
     records: &mut dyn Iterator<Item = (&'a [u8], &'a [u8])>,
 ) -> Result<(), String> {
-    let err = |e: &dyn std::fmt::Display| store_err(path, e);
-    let mut txn = db.begin_write().map_err(|e| err(&e))?;
-    txn.set_durability(Durability::None).map_err(|e| err(&e))?;
-    {
-        let mut table = txn.open_table(KV).map_err(|e| err(&e))?;
-        let mut key = Vec::new();
-        for (k, v) in records {
-            key.clear();
-            key.extend_from_slice(&kg.to_be_bytes());
-            key.extend_from_slice(k);
-            if table.insert(&key[..], v).map_err(|e| err(&e))?.is_some() {
-                return Err(format!(
-                    "restoring key group {kg}: a key was stored twice; the checkpoint is inconsistent"
-                ));
-            }
-        }
+    let mut keys: Vec<u8> = Vec::new();
+    let mut ends = Vec::new();
+    let mut values = Vec::new();
+    for (k, v) in records {
+        keys.extend_from_slice(&kg.to_be_bytes());
+        keys.extend_from_slice(k);
+        ends.push(keys.len());
+        values.push(v);
     }
-    txn.commit().map_err(|e| err(&e))
+    let mut start = 0;
+    store.write(ends.iter().zip(values).map(|(&end, v)| {
+        let key = &keys[start..end];
+        start = end;
+        (key, Some(v))
+    }))
 }

@@ -12,6 +12,8 @@ mod disk;
 #[cfg(feature = "spill")]
 mod disk_pending;
 #[cfg(feature = "spill")]
+mod disk_store;
+#[cfg(feature = "spill")]
 mod disk_writer;
 mod freeze_log;
 mod frozen;
