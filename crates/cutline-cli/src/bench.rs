@@ -33,6 +33,7 @@ pub(crate) struct BenchArgs {
     pub(crate) parallelism: u32,
     pub(crate) interval: String,
     pub(crate) max_concurrent: usize,
+    pub(crate) checkpoint_timeout: String,
     pub(crate) workers: usize,
     pub(crate) state: Option<String>,
     pub(crate) kill_worker_after: Option<String>,
@@ -78,6 +79,8 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
     let mut cfg = RunConfig::new(store.clone(), fingerprint);
     cfg.checkpoint.interval_ms = interval_ms;
     cfg.checkpoint.max_concurrent = max_concurrent;
+    cfg.checkpoint.timeout_ms = cutline::admin::parse_duration_ms(&a.checkpoint_timeout)
+        .map_err(|e| anyhow::anyhow!("--checkpoint-timeout: bad duration {:?}: {e}", a.checkpoint_timeout))?;
     cfg.checkpoint.validate().map_err(anyhow::Error::msg)?;
     cfg.restart = cutline::RestartStrategy::None;
     cfg.incremental_checkpoints = !a.full_checkpoints;

@@ -245,6 +245,10 @@ enum Cmd {
         /// Checkpoints in flight at once.
         #[arg(long, default_value_t = 1)]
         max_concurrent: usize,
+        /// A checkpoint not complete this long after its trigger is aborted (whole snapshots of
+        /// very large state on disk may need more than the default).
+        #[arg(long, default_value = "60s")]
+        checkpoint_timeout: String,
         /// Run on this many worker processes of a local cluster (0: every task in this process).
         #[arg(long, default_value_t = 0)]
         workers: usize,
@@ -409,6 +413,7 @@ fn main() {
             parallelism,
             checkpoint_interval,
             max_concurrent,
+            checkpoint_timeout,
             workers,
             state,
             kill_worker_after,
@@ -427,6 +432,7 @@ fn main() {
             parallelism,
             interval: checkpoint_interval,
             max_concurrent,
+            checkpoint_timeout,
             workers,
             state,
             kill_worker_after,
