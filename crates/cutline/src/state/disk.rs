@@ -10,7 +10,7 @@
 
 use super::disk_pending::{check_sorted, held_bytes, Lookup, PendingRestore, LAZY_RESTORE_MAX_BYTES};
 use super::disk_store::{remove_orphans, store_err, Store, View};
-use super::disk_writer::{write_sorted, Cached, Handed, KeyLog, Slot, Writer};
+use super::disk_writer::{read_log, write_sorted, Cached, Handed, WriteLog, Slot, Writer};
 use super::freeze_log::FreezeLog;
 use super::hash::{key_group_of_hash, stable_hash};
 use super::snapshot::{ElementState, StateImage};
@@ -23,7 +23,7 @@ use std::sync::Arc;
 /// Snapshots whose changed keys are kept for incremental snapshots built on them (as
 /// [`FREEZES_KEPT`](super::cow_map) in memory); an older base means a whole snapshot.
 pub const DISK_FREEZES_KEPT: usize = 64;
-/// Bytes of changed keys logged between two snapshots; beyond it the log is dropped and the next
+/// Bytes of writes (stored keys and values) logged between two snapshots; beyond it the log is dropped and the next
 /// snapshot is whole (as when checkpoints are off for a long time).
 pub const MAX_CHANGED_LOG_BYTES: usize = 256 << 20;
 /// Caches handed over to the writer and not yet known written before a full cache waits for the
@@ -33,10 +33,10 @@ pub const MAX_CHANGED_LOG_BYTES: usize = 256 << 20;
 pub const HANDED_MAX: usize = 2;
 
 /// A cache handed over to the writer and its flush.
-type InFlight<K, V> = (Handed<K, V>, Arc<Slot<KeyLog>>);
+type InFlight<K, V> = (Handed<K, V>, Arc<Slot<WriteLog>>);
 
-/// The flushes of one interval between snapshots whose written keys are logged.
-type Interval = Arc<Vec<Arc<Slot<KeyLog>>>>;
+/// The flushes of one interval between snapshots whose writes are logged.
+type Interval = Arc<Vec<Arc<Slot<WriteLog>>>>;
 
 /// Keyed state in a local store behind a write-back cache of at most `cache_max` keys. A full
 /// cache, or the cache at a barrier, is handed whole to the store's writer thread and the task
@@ -62,9 +62,12 @@ pub(crate) struct DiskMap<K, V> {
     /// Whether writes are logged for incremental snapshots (not while a restore fills the store).
     tracking: bool,
     /// The logged flushes since the last freeze.
-    interval: Vec<Arc<Slot<KeyLog>>>,
-    /// Bytes of keys logged by the flushes waited for since the log was last dropped.
+    interval: Vec<Arc<Slot<WriteLog>>>,
+    /// Bytes of the written flushes' logs that a later snapshot may still read (those of the kept
+    /// freezes and of the current interval), at most `max_logged_bytes`.
     logged_bytes: usize,
+    /// [`MAX_CHANGED_LOG_BYTES`] (tests set less).
+    max_logged_bytes: usize,
     /// Per snapshot, its checkpoint and the flushes of the interval it ended, oldest first.
     freezes: FreezeLog<Interval>,
     key_buf: Vec<u8>,
@@ -110,6 +113,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
             tracking: true,
             interval: Vec::new(),
             logged_bytes: 0,
+            max_logged_bytes: MAX_CHANGED_LOG_BYTES,
             freezes: FreezeLog::new(DISK_FREEZES_KEPT),
             key_buf: Vec::new(),
             restoring: None,
@@ -280,7 +284,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
             return Ok(written);
         }
         self.refresh_filled();
-        if self.logged_bytes > MAX_CHANGED_LOG_BYTES {
+        if self.logged_bytes > self.max_logged_bytes {
             // Too much to log: the next snapshot is whole, later ones build on it again.
             self.interval.clear();
             self.freezes.clear();
@@ -323,6 +327,13 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         let sealed = Arc::new(std::mem::take(&mut self.interval));
         let base_kept = base.filter(|b| self.freezes.get(*b).is_some());
         self.freezes.record(checkpoint, base, sealed);
+        // The freezes before the base are gone, and their logs with them: count what is left (the
+        // flushes still handed over are counted when they settle).
+        let handed = |s: &Arc<Slot<WriteLog>>| self.handed.iter().any(|(_, h)| Arc::ptr_eq(h, s));
+        self.logged_bytes = (self.freezes.kept().flat_map(|i| i.iter()))
+            .filter(|s| !handed(s))
+            .map(|s| s.get().map_or(0, |log| log.len()))
+            .sum();
         let changed = base_kept.map(|b| self.freezes.after(b).cloned().collect());
         Ok(DiskFrozen {
             view,
@@ -347,7 +358,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
             // Only what `f` changed is written back: rewriting every key (as at the end of
             // input) would make the store write, and the next snapshot hold, the whole state.
             let unchanged = match &slot {
-                Some(value) => postcard::to_allocvec(value).map_err(|e| format!("encoding a value: {e}"))? == &v[..],
+                Some(value) => postcard::to_allocvec(value).map_err(|e| format!("encoding a value: {e}"))? == v[..],
                 None => false,
             };
             if !unchanged {
@@ -410,27 +421,28 @@ impl DiskFrozen {
         };
         match &changed {
             Some(logs) => {
-                let mut written: Vec<KeyLog> = Vec::new();
+                // The writes since the base, from the flushes' logs (oldest first): the latest
+                // write of a key is its value in the view.
+                drop(view);
+                let mut written: Vec<WriteLog> = Vec::new();
                 for flush in logs.iter().flat_map(|interval| interval.iter()) {
                     written.push(flush.get().map_err(|e| format!("{uid}: {e}"))?);
                 }
-                let mut keys: Vec<&[u8]> = Vec::new();
+                let mut latest: HashMap<&[u8], Option<&[u8]>> = HashMap::new();
                 for log in &written {
-                    let mut rest = &log[..];
-                    while let Some(len) = rest.get(..4) {
-                        let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
-                        keys.push(&rest[4..4 + len]);
-                        rest = &rest[4 + len..];
-                    }
+                    read_log(log, |key, value| {
+                        latest.insert(key, value);
+                    })
+                    .map_err(|e| format!("{uid}: {e}"))?;
                 }
-                keys.sort_unstable();
-                keys.dedup();
-                for key in keys {
+                let mut changes: Vec<(&[u8], Option<&[u8]>)> = latest.into_iter().collect();
+                changes.sort_unstable_by_key(|(key, _)| *key);
+                for (key, value) in changes {
                     let g = group(key)?;
-                    match view.get(key).map_err(store)? {
+                    match value {
                         Some(v) => {
                             upserts[g].extend_from_slice(&key[4..]);
-                            upserts[g].extend_from_slice(&v);
+                            upserts[g].extend_from_slice(v);
                         }
                         None => removes[g].extend_from_slice(&key[4..]),
                     }

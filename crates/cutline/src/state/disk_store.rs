@@ -117,10 +117,6 @@ pub(super) struct View {
 }
 
 impl View {
-    pub fn get(&self, key: &[u8]) -> Result<Option<Slice>, String> {
-        self.snapshot.get(&self.store.kv, key).map_err(|e| store_err(self.store.path(), e))
-    }
-
     /// Every `(stored key, stored value)` in key order.
     pub fn iter(&self) -> impl Iterator<Item = Result<(Slice, Slice), String>> + '_ {
         self.snapshot.iter(&self.store.kv).map(|g| g.into_inner().map_err(|e| store_err(self.store.path(), e)))

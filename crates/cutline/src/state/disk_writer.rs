@@ -32,8 +32,48 @@ pub(super) struct Slot<T> {
     ready: Condvar,
 }
 
-/// The stored keys a flush wrote, each after its length (u32, little-endian); empty when not logged.
-pub(super) type KeyLog = Arc<Vec<u8>>;
+/// What a flush wrote, in [`log_write`]'s format; empty when not logged. An incremental snapshot
+/// takes the changes from these logs, never from the store (a point read per changed key in an
+/// LSM tree cost a fifth of the job's throughput at 4 M keys).
+pub(super) type WriteLog = Arc<Vec<u8>>;
+
+/// A value's length in a [`WriteLog`] that marks the key removed.
+const REMOVED: u32 = u32::MAX;
+
+/// Append one write to a [`WriteLog`]: the stored key's length (u32, little-endian), the key, the
+/// stored value's length (or [`REMOVED`]) and the value.
+fn log_write(log: &mut Vec<u8>, key: &[u8], value: Option<&[u8]>) {
+    log.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    log.extend_from_slice(key);
+    match value {
+        Some(v) => {
+            log.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            log.extend_from_slice(v);
+        }
+        None => log.extend_from_slice(&REMOVED.to_le_bytes()),
+    }
+}
+
+/// Call `f` with every `(stored key, stored value or None if removed)` of `log`, in write order.
+pub(super) fn read_log<'a>(log: &'a [u8], mut f: impl FnMut(&'a [u8], Option<&'a [u8]>)) -> Result<(), String> {
+    let damaged = || "a flush's log of written keys is damaged (a bug); the task fails and the job restores".to_string();
+    let mut rest = log;
+    let take = |n: usize, rest: &mut &'a [u8]| -> Result<&'a [u8], String> {
+        let (head, tail) = (rest.get(..n).ok_or_else(damaged)?, &rest[n..]);
+        *rest = tail;
+        Ok(head)
+    };
+    while !rest.is_empty() {
+        let len = u32::from_le_bytes(take(4, &mut rest)?.try_into().expect("4 bytes"));
+        let key = take(len as usize, &mut rest)?;
+        let value = match u32::from_le_bytes(take(4, &mut rest)?.try_into().expect("4 bytes")) {
+            REMOVED => None,
+            len => Some(take(len as usize, &mut rest)?),
+        };
+        f(key, value);
+    }
+    Ok(())
+}
 
 impl<T> Slot<T> {
     pub fn new() -> Arc<Self> {
@@ -95,8 +135,8 @@ struct Flush<K, V> {
     cache: Handed<K, V>,
     /// Caches handed over before and written, for the writer to free (off the task thread).
     retired: Vec<Handed<K, V>>,
-    log_keys: bool,
-    done: Fill<KeyLog>,
+    log_writes: bool,
+    done: Fill<WriteLog>,
     view: Option<Fill<View>>,
 }
 
@@ -126,17 +166,17 @@ impl<K: Key, V: StateValue> Writer<K, V> {
         Ok(Writer { tx: Some(tx), thread: Some(thread) })
     }
 
-    /// Hand `cache` over; `done` gets the keys written (if `log_keys`), `view` the store's view
+    /// Hand `cache` over; `done` gets what was written (if `log_writes`), `view` the store's view
     /// right after.
     pub fn hand_over(
         &self,
         cache: Handed<K, V>,
         retired: Vec<Handed<K, V>>,
-        log_keys: bool,
-        done: &Arc<Slot<KeyLog>>,
+        log_writes: bool,
+        done: &Arc<Slot<WriteLog>>,
         view: Option<&Arc<Slot<View>>>,
     ) -> Result<(), String> {
-        let flush = Flush { cache, retired, log_keys, done: Fill(done.clone()), view: view.map(|v| Fill(v.clone())) };
+        let flush = Flush { cache, retired, log_writes, done: Fill(done.clone()), view: view.map(|v| Fill(v.clone())) };
         self.send(Job::Flush(flush))
     }
 
@@ -176,7 +216,7 @@ fn run<K: Key, V: StateValue>(store: Arc<Store>, max_parallelism: u32, rx: Recei
         drop(flush.retired);
         let written = match &failed {
             Some(e) => Err(e.clone()),
-            None => write(&store, max_parallelism, &flush.cache, flush.log_keys),
+            None => write(&store, max_parallelism, &flush.cache, flush.log_writes),
         };
         if let Err(e) = &written {
             failed = Some(e.clone());
@@ -189,12 +229,12 @@ fn run<K: Key, V: StateValue>(store: Arc<Store>, max_parallelism: u32, rx: Recei
     }
 }
 
-/// Write `cache`'s dirty entries in one batch; the stored keys if `log_keys`.
+/// Write `cache`'s dirty entries in one batch; what it wrote, logged, if `log_writes`.
 fn write<K: Key, V: StateValue>(
     store: &Store,
     max_parallelism: u32,
     cache: &HashMap<K, Cached<V>>,
-    log_keys: bool,
+    log_writes: bool,
 ) -> Result<Vec<u8>, String> {
     let mut writes: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
     for (k, c) in cache.iter().filter(|(_, c)| c.dirty) {
@@ -213,10 +253,9 @@ fn write<K: Key, V: StateValue>(
     }
     store.write(writes.iter().map(|(k, v)| (&k[..], v.as_deref())))?;
     let mut log = Vec::new();
-    if log_keys {
-        for (key, _) in &writes {
-            log.extend_from_slice(&(key.len() as u32).to_le_bytes());
-            log.extend_from_slice(key);
+    if log_writes {
+        for (key, value) in &writes {
+            log_write(&mut log, key, value.as_deref());
         }
     }
     Ok(log)

@@ -42,6 +42,12 @@ impl<T> FreezeLog<T> {
         self.kept.iter().filter(move |(c, _)| *c > base).map(|(_, t)| t)
     }
 
+    /// What is kept of every freeze, oldest first.
+    #[cfg_attr(not(feature = "spill"), allow(dead_code))]
+    pub fn kept(&self) -> impl Iterator<Item = &T> {
+        self.kept.iter().map(|(_, t)| t)
+    }
+
     /// Forget every freeze: the next snapshot is whole.
     #[cfg_attr(not(feature = "spill"), allow(dead_code))]
     pub fn clear(&mut self) {
