@@ -122,8 +122,17 @@ fn state_backend_flags_that_cannot_work_are_refused_before_the_job_starts() {
 #[test]
 fn the_checkpoint_timeout_reaches_the_job_and_a_bad_one_is_refused() {
     // A timeout no checkpoint can meet fails the job (four in a row): the flag was passed through.
-    let e = bench(&["--events", "3000000", "--keys", "1000", "--checkpoint-interval", "20ms", "--checkpoint-timeout", "1ms"])
-        .expect_err("every checkpoint times out");
+    let e = bench(&[
+        "--events",
+        "3000000",
+        "--keys",
+        "1000",
+        "--checkpoint-interval",
+        "20ms",
+        "--checkpoint-timeout",
+        "1ms",
+    ])
+    .expect_err("every checkpoint times out");
     assert!(e.contains("consecutive checkpoint failures") && e.contains("timed out"), "{e}");
     let e = bench(&["--events", "1000", "--keys", "10", "--checkpoint-timeout", "soon"]).expect_err("not a duration");
     assert!(e.contains("--checkpoint-timeout: bad duration \"soon\""), "{e}");

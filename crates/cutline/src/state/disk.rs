@@ -10,7 +10,7 @@
 
 use super::disk_pending::{check_sorted, held_bytes, Lookup, PendingRestore, LAZY_RESTORE_MAX_BYTES};
 use super::disk_store::{remove_orphans, store_err, Store, View};
-use super::disk_writer::{read_log, write_sorted, Cached, Handed, WriteLog, Slot, Writer};
+use super::disk_writer::{read_log, write_sorted, Cached, Handed, Slot, WriteLog, Writer};
 use super::freeze_log::FreezeLog;
 use super::hash::{key_group_of_hash, stable_hash};
 use super::snapshot::{ElementState, StateImage};

@@ -56,7 +56,8 @@ fn log_write(log: &mut Vec<u8>, key: &[u8], value: Option<&[u8]>) {
 
 /// Call `f` with every `(stored key, stored value or None if removed)` of `log`, in write order.
 pub(super) fn read_log<'a>(log: &'a [u8], mut f: impl FnMut(&'a [u8], Option<&'a [u8]>)) -> Result<(), String> {
-    let damaged = || "a flush's log of written keys is damaged (a bug); the task fails and the job restores".to_string();
+    let damaged =
+        || "a flush's log of written keys is damaged (a bug); the task fails and the job restores".to_string();
     let mut rest = log;
     let take = |n: usize, rest: &mut &'a [u8]| -> Result<&'a [u8], String> {
         let (head, tail) = (rest.get(..n).ok_or_else(damaged)?, &rest[n..]);
