@@ -121,19 +121,10 @@ fn state_backend_flags_that_cannot_work_are_refused_before_the_job_starts() {
 
 #[test]
 fn the_checkpoint_timeout_reaches_the_job_and_a_bad_one_is_refused() {
-    // A timeout no checkpoint can meet fails the job (four in a row): the flag was passed through.
-    let e = bench(&[
-        "--events",
-        "3000000",
-        "--keys",
-        "1000",
-        "--checkpoint-interval",
-        "20ms",
-        "--checkpoint-timeout",
-        "1ms",
-    ])
-    .expect_err("every checkpoint times out");
-    assert!(e.contains("consecutive checkpoint failures") && e.contains("timed out"), "{e}");
+    // The job's own check sees the value, so the flag was passed through. (A first version waited
+    // for 1 ms timeouts to fail the job; on CI's machine a checkpoint completed within 1 ms.)
+    let e = bench(&["--events", "1000", "--keys", "10", "--checkpoint-timeout", "0s"]).expect_err("a zero timeout");
+    assert!(e.contains("checkpoint timeout must be positive"), "{e}");
     let e = bench(&["--events", "1000", "--keys", "10", "--checkpoint-timeout", "soon"]).expect_err("not a duration");
     assert!(e.contains("--checkpoint-timeout: bad duration \"soon\""), "{e}");
 }
