@@ -18,10 +18,11 @@ pub enum StateBackend {
     /// On local disk, for state larger than memory (cargo feature `spill`): each keyed operator task
     /// keeps an embedded store (fjall, an LSM tree) under `dir`, and in memory a write-back cache
     /// of at most `cache_entries` keys it read or wrote. A full cache is handed whole to the store's
-    /// writer thread, which writes it in one transaction, and the task goes on with an empty one. At
+    /// writer thread, which writes it in one batch, and the task goes on with an empty one. At
     /// a barrier the task hands its cache over the same way (a swap: the barrier's cost does not
-    /// grow with the state or the cache) and the snapshot reads the store's view right after that
-    /// cache is written, while processing goes on. At most four caches are in memory (the task's and
+    /// grow with the state or the cache); a whole snapshot reads the store's view right after that
+    /// cache is written, an incremental one the writer's log of what it wrote, while processing
+    /// goes on. At most four caches are in memory (the task's and
     /// three being written). The store is scratch space: a restarted task refills a new one from
     /// the checkpoint, and files left by a killed process are removed when a later one starts under
     /// the same `dir`. On a cluster, `dir` is a path on each worker's machine.

@@ -49,7 +49,7 @@ pub(crate) struct DiskMap<K, V> {
     // store. The task reads the store as it is, not a snapshot of it: a key of a cache being
     // written is read from that cache, and every other key's stored value is the same in any
     // snapshot since its cache was written. (An open snapshot holds back the store's garbage
-    // collection: with one always open, its old memtables and versions piled up, 390 MB at 4 M keys.)
+    // collection, so none is kept open longer than a scan.)
     writer: Writer<K, V>,
     store: Arc<Store>,
     cache: HashMap<K, Cached<V>>,
