@@ -9,6 +9,9 @@ use cutline_core::{KeyGroup, KeyGroupRange};
 use serde::Serialize;
 use std::sync::Arc;
 
+/// Stamps an incremental encoding compares at once before it reads any of their slots.
+const STAMPS_PER_RUN: usize = 32;
+
 /// The pages of a [`CowMap`] as they were at a barrier, encoded off the task thread.
 pub(crate) struct Frozen<K, V> {
     pub(super) pages: Vec<Page<K, V>>,
@@ -66,16 +69,33 @@ impl<K: Key, V: Send + Sync + 'static> Frozen<K, V> {
                 append(uid, &mut removes[group(k)], k)?;
             }
         }
+        let mut put = |slot: &Option<(K, V)>| -> Result<(), String> {
+            let Some((k, v)) = slot else { return Ok(()) };
+            match project(v) {
+                Some(w) => append(uid, &mut upserts[group(k)], &(k, w)),
+                None if since.is_some() => append(uid, &mut removes[group(k)], k),
+                None => Ok(()),
+            }
+        };
         for page in self.pages {
-            for (slot, e) in page.iter().zip(page.stamps()) {
-                let Some((k, v)) = slot else { continue };
-                if lag.is_some_and(|lag| u32::from(at.wrapping_sub(*e)) >= lag) {
+            // A base older than a stamp can tell (never: it is at most FREEZES_KEPT freezes old):
+            // every entry, as if each had changed.
+            let Some(lag) = lag.and_then(|lag| Stamp::try_from(lag).ok()) else {
+                page.iter().try_for_each(&mut put)?;
+                continue;
+            };
+            // The stamps first, a run of them at a time (one byte per slot, compared without a
+            // branch): a slot is read only if it changed. Reading every slot to find the 1 % that
+            // changed cost 14 ns per entry, and the task copies the pages the writer still holds.
+            let changed = |e: &Stamp| at.wrapping_sub(*e) < lag;
+            for (run, stamps) in page.stamps().chunks(STAMPS_PER_RUN).enumerate() {
+                if !stamps.iter().fold(false, |any, e| any | changed(e)) {
                     continue;
                 }
-                match project(v) {
-                    Some(w) => append(uid, &mut upserts[group(k)], &(k, w))?,
-                    None if since.is_some() => append(uid, &mut removes[group(k)], k)?,
-                    None => {}
+                for (i, e) in stamps.iter().enumerate() {
+                    if changed(e) {
+                        put(&page[run * STAMPS_PER_RUN + i])?;
+                    }
                 }
             }
         }

@@ -51,6 +51,26 @@ pub(crate) fn apply(base: &HashMap<u64, u64>, state: ElementState) -> HashMap<u6
     out
 }
 
+/// Snapshots apart that a write must be for [`incremental_snapshots_are_the_state_at_their_barrier`]
+/// to require its key's absence from a delta that does not need it: the in-memory map stamps slots
+/// with an epoch's low byte, and one written 256 epochs before a snapshot looks new to it.
+const STAMPS_TELL_APART: u64 = 200;
+
+/// The pairs an incremental snapshot writes, in no particular order.
+fn upserts(state: &ElementState) -> Vec<(u64, u64)> {
+    let ElementState::KeyedDelta { groups, .. } = state else { panic!("incremental") };
+    let mut out = Vec::new();
+    for (_, upserts, _) in groups {
+        let mut rest: &[u8] = upserts;
+        while !rest.is_empty() {
+            let (pair, r): ((u64, u64), &[u8]) = postcard::take_from_bytes(rest).unwrap();
+            out.push(pair);
+            rest = r;
+        }
+    }
+    out
+}
+
 /// A keyed map of `u64 -> u64` whose snapshots
 /// [`incremental_snapshots_are_the_state_at_their_barrier`] checks: one scenario for every backend.
 pub(crate) trait Snapshotted {
@@ -67,7 +87,8 @@ pub(crate) trait Snapshotted {
 /// snapshot is encoded only after the writes of the next interval went on (copy-on-write, stamps
 /// and flushes all matter), on top of a base that lags by a random number of checkpoints and only
 /// moves forward, and one in five is encoded whole although it could be incremental (as a writer
-/// does at the end of a long chain). Every one must decode to the model at its barrier. Returns how
+/// does at the end of a long chain). Every one must decode to the model at its barrier, and an
+/// incremental one must carry no pair its base holds already. Returns how
 /// many were incremental and how many whole.
 pub(crate) fn incremental_snapshots_are_the_state_at_their_barrier<M: Snapshotted>(
     m: &mut M,
@@ -80,9 +101,12 @@ pub(crate) fn incremental_snapshots_are_the_state_at_their_barrier<M: Snapshotte
     let mut base: Option<u64> = None;
     let mut pending: Option<(u64, Option<u64>, M::Frozen)> = None;
     let (mut deltas, mut wholes) = (0, 0);
+    // The snapshot each key was last written before.
+    let mut written: HashMap<u64, u64> = HashMap::new();
     for i in 0..checkpoints * 1_000 {
         let r = splitmix64(i ^ keys.rotate_left(17));
         let k = r % keys;
+        written.insert(k, i / 1_000 + 1);
         match r >> 62 {
             0 => {
                 m.delete(k);
@@ -108,7 +132,21 @@ pub(crate) fn incremental_snapshots_are_the_state_at_their_barrier<M: Snapshotte
             let got = match M::encode_frozen(frozen, incremental) {
                 state @ ElementState::KeyedDelta { .. } => {
                     deltas += 1;
-                    apply(&at[&b.expect("a delta has a base")], state)
+                    let base = &at[&b.expect("a delta has a base")];
+                    // Every write gives a key a value it never had: a pair the base holds already
+                    // was not written since it, and is not the delta's to carry (unless its last
+                    // write is older than a one-byte stamp tells apart: harmless, and rare).
+                    for (k, v) in upserts(&state) {
+                        // (A key written again since snapshot `c` is not checked.)
+                        if c.checked_sub(written[&k]).is_some_and(|age| age < STAMPS_TELL_APART) {
+                            assert_ne!(
+                                base.get(&k),
+                                Some(&v),
+                                "{label}: snapshot {c} on top of {b:?} carries key {k}, unchanged"
+                            );
+                        }
+                    }
+                    apply(base, state)
                 }
                 state => {
                     wholes += 1;
