@@ -3,6 +3,7 @@
 //! always pass through, and it never corrupts data (use [`crate::MemStore::corrupt`] for that).
 
 use crate::error::StorageError;
+use crate::format::TaskStateFrame;
 use crate::manifest::{GenerationRecord, JobMeta, Manifest, TaskStateHandle};
 use crate::store::{CheckpointListing, CheckpointStore, GcReport};
 use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};
@@ -104,17 +105,17 @@ impl<S: CheckpointStore> FaultyStore<S> {
 }
 
 impl<S: CheckpointStore> CheckpointStore for FaultyStore<S> {
-    fn write_task_state(
+    fn write_task_frame(
         &self,
         checkpoint: CheckpointId,
         operator: &OperatorId,
         subtask: SubtaskIndex,
         parallelism: u32,
         key_groups: Option<KeyGroupRange>,
-        payload: &[u8],
+        frame: &TaskStateFrame,
     ) -> Result<TaskStateHandle, StorageError> {
         self.check(StoreOp::WriteTaskState { checkpoint })?;
-        self.inner.write_task_state(checkpoint, operator, subtask, parallelism, key_groups, payload)
+        self.inner.write_task_frame(checkpoint, operator, subtask, parallelism, key_groups, frame)
     }
 
     fn read_task_state(&self, handle: &TaskStateHandle) -> Result<Vec<u8>, StorageError> {

@@ -24,7 +24,7 @@ mod store;
 
 pub use error::StorageError;
 pub use faulty::{FaultPolicy, FaultyStore, StoreOp};
-pub use format::{decode_frame, encode_frame, FileKind, FORMAT_VERSION};
+pub use format::{decode_frame, encode_frame, FileKind, TaskStateFrame, FORMAT_VERSION};
 pub use local::LocalDirStore;
 pub use manifest::{GenerationRecord, JobMeta, Manifest, StateFileRef, TaskStateHandle};
 pub use mem::MemStore;

@@ -41,17 +41,17 @@ pub(crate) trait Files: Send + Sync {
 macro_rules! impl_checkpoint_store {
     ($ty:ty) => {
         impl $crate::store::CheckpointStore for $ty {
-            fn write_task_state(
+            fn write_task_frame(
                 &self,
                 checkpoint: ::cutline_core::CheckpointId,
                 operator: &::cutline_core::OperatorId,
                 subtask: ::cutline_core::SubtaskIndex,
                 parallelism: u32,
                 key_groups: Option<::cutline_core::KeyGroupRange>,
-                payload: &[u8],
+                frame: &$crate::TaskStateFrame,
             ) -> Result<$crate::TaskStateHandle, $crate::StorageError> {
                 let at = (checkpoint, operator, subtask);
-                $crate::store::ops::write_task_state(self, at, parallelism, key_groups, payload)
+                $crate::store::ops::write_task_frame(self, at, parallelism, key_groups, frame)
             }
             fn read_task_chain(&self, handle: &$crate::TaskStateHandle) -> Result<Vec<Vec<u8>>, $crate::StorageError> {
                 $crate::store::ops::read_task_chain(self, handle)

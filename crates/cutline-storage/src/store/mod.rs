@@ -21,6 +21,7 @@ pub(crate) mod stats;
 pub(crate) use files::{impl_checkpoint_store, Entry, Files};
 
 use crate::error::StorageError;
+use crate::format::TaskStateFrame;
 use crate::manifest::{GenerationRecord, JobMeta, Manifest, TaskStateHandle};
 use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};
 
@@ -91,6 +92,21 @@ pub trait CheckpointStore: Send + Sync {
         parallelism: u32,
         key_groups: Option<KeyGroupRange>,
         payload: &[u8],
+    ) -> Result<TaskStateHandle, StorageError> {
+        let frame = TaskStateFrame::new(payload);
+        self.write_task_frame(checkpoint, operator, subtask, parallelism, key_groups, &frame)
+    }
+
+    /// [`CheckpointStore::write_task_state`] of a payload framed already, written as it is (a large
+    /// state is then not copied into a frame).
+    fn write_task_frame(
+        &self,
+        checkpoint: CheckpointId,
+        operator: &OperatorId,
+        subtask: SubtaskIndex,
+        parallelism: u32,
+        key_groups: Option<KeyGroupRange>,
+        frame: &TaskStateFrame,
     ) -> Result<TaskStateHandle, StorageError>;
 
     /// Reads the task state file of `handle`, checks its size and checksum against the handle and its

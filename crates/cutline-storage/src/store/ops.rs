@@ -10,7 +10,7 @@ use super::layout::{
 };
 use super::{CheckpointListing, GcReport};
 use crate::error::StorageError;
-use crate::format::{decode_frame_at, decode_record, decode_versioned, encode_frame, encode_record, FileKind};
+use crate::format::{decode_frame_at, decode_record, decode_versioned, encode_record, FileKind, TaskStateFrame};
 use crate::manifest::{JobMeta, Manifest, TaskStateHandle};
 use crate::FORMAT_VERSION;
 use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};
@@ -26,20 +26,20 @@ fn content_crc(framed: &[u8]) -> u32 {
     crc32fast::hash(&framed[..framed.len().saturating_sub(4)])
 }
 
-pub fn write_task_state<F: Files>(
+pub fn write_task_frame<F: Files>(
     fs: &F,
     (checkpoint, operator, subtask): (CheckpointId, &OperatorId, SubtaskIndex),
     parallelism: u32,
     key_groups: Option<KeyGroupRange>,
-    payload: &[u8],
+    frame: &TaskStateFrame,
 ) -> Result<TaskStateHandle, StorageError> {
     validate_operator_id(operator)?;
     if fs.size(&manifest_path(checkpoint))?.is_some() {
         return Err(StorageError::ManifestExists(checkpoint));
     }
     let file = task_state_path(checkpoint, operator, subtask);
-    let framed = encode_frame(FileKind::TaskState, payload);
-    fs.put(&file, &framed)?;
+    let framed = frame.bytes();
+    fs.put(&file, framed)?;
     Ok(TaskStateHandle {
         operator: operator.clone(),
         subtask,
@@ -47,7 +47,7 @@ pub fn write_task_state<F: Files>(
         key_groups,
         file,
         size_bytes: framed.len() as u64,
-        crc32: content_crc(&framed),
+        crc32: content_crc(framed),
         base: Vec::new(),
     })
 }

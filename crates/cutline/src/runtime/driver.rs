@@ -83,17 +83,17 @@ pub(crate) fn write_snapshot(
     let result = (|| -> Result<TaskStateHandle, String> {
         faults.check(FaultPoint::SnapshotWrite).map_err(|e| e.to_string())?;
         let t = Instant::now();
-        let (payload, delta) = job.snap.encode(plan != Plan::Whole)?;
+        let (frame, delta) = job.snap.encode(plan != Plan::Whole)?;
         encode_us = t.elapsed().as_micros() as u64;
         let t = Instant::now();
         let r = store
-            .write_task_state(
+            .write_task_frame(
                 job.barrier.checkpoint,
                 &m.operator,
                 SubtaskIndex(m.subtask),
                 m.parallelism,
                 m.key_groups,
-                &payload,
+                &frame,
             )
             .map_err(|e| e.to_string());
         write_us = t.elapsed().as_micros() as u64;

@@ -3,7 +3,10 @@
 //! payload of the task's state file ([`TaskStatePayload`]).
 
 use crate::error::TaskError;
-use serde::{Deserialize, Serialize};
+use cutline_storage::TaskStateFrame;
+use serde::ser::{Error as _, SerializeSeq, SerializeStruct, SerializeStructVariant};
+use serde::{Deserialize, Serialize, Serializer};
+use std::cell::RefCell;
 
 /// A state element's encoded form in a task's state file.
 #[derive(Debug, Serialize, Deserialize)]
@@ -89,15 +92,125 @@ impl SnapshotBuilder {
     /// Encode every image (runs on a snapshot writer thread), incrementally where `incremental`
     /// allows it and an image can. Also whether the payload holds any incremental element (then it
     /// is only readable on top of the base's files).
-    pub fn encode(self, incremental: bool) -> Result<(Vec<u8>, bool), String> {
+    pub fn encode(self, incremental: bool) -> Result<(TaskStateFrame, bool), String> {
         let mut elements = Vec::with_capacity(self.images.len());
         for (uid, img) in self.images {
             elements.push((uid, img.encode(incremental)?));
         }
         let delta = elements.iter().any(|(_, e)| e.is_delta());
-        let payload =
-            postcard::to_allocvec(&TaskStatePayload { elements }).map_err(|e| format!("encoding task state: {e}"))?;
-        Ok((payload, delta))
+        Ok((frame_payload(elements)?, delta))
+    }
+}
+
+/// The task state file of `elements` ([`TaskStatePayload`]), each key group's blob let go of as
+/// soon as it is in the file: a whole snapshot of large state is held about once while it is
+/// framed, not as its blobs, a payload and a file.
+pub(crate) fn frame_payload(elements: Vec<(String, ElementState)>) -> Result<TaskStateFrame, String> {
+    // A reservation, at least the payload's size (a varint takes at most 10 bytes).
+    let capacity: usize = elements
+        .iter()
+        .map(|(uid, e)| {
+            uid.len()
+                + 32
+                + match e {
+                    ElementState::Plain(b) => b.len(),
+                    ElementState::Keyed { groups, .. } => groups.iter().map(|(_, b)| b.len() + 20).sum(),
+                    ElementState::KeyedDelta { groups, .. } => {
+                        groups.iter().map(|(_, u, r)| u.len() + r.len() + 30).sum()
+                    }
+                }
+        })
+        .sum::<usize>()
+        + 10;
+    let payload = Draining(RefCell::new(elements));
+    TaskStateFrame::build(capacity, |buf| postcard::to_extend(&payload, buf))
+        .map_err(|e| format!("encoding task state: {e}"))
+}
+
+/// Serializes as [`TaskStatePayload`] does (the same bytes: postcard writes a byte string and a
+/// sequence of bytes alike), taking the elements out as it goes. Serialize it once.
+struct Draining<T>(RefCell<T>);
+
+impl Serialize for Draining<Vec<(String, ElementState)>> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let elements = std::mem::take(&mut *self.0.borrow_mut());
+        let mut payload = s.serialize_struct("TaskStatePayload", 1)?;
+        payload.serialize_field("elements", &DrainingSeq(RefCell::new(elements)))?;
+        payload.end()
+    }
+}
+
+/// The elements of a [`TaskStatePayload`], each taken out as it is written.
+struct DrainingSeq(RefCell<Vec<(String, ElementState)>>);
+
+impl Serialize for DrainingSeq {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let elements = std::mem::take(&mut *self.0.borrow_mut());
+        let mut seq = s.serialize_seq(Some(elements.len()))?;
+        for (uid, state) in elements {
+            seq.serialize_element(&(uid, Draining(RefCell::new(Some(state)))))?;
+        }
+        seq.end()
+    }
+}
+
+impl Serialize for Draining<Option<ElementState>> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let Some(state) = self.0.borrow_mut().take() else { return Err(S::Error::custom("serialized twice")) };
+        match state {
+            ElementState::Keyed { max_parallelism, groups } => {
+                let mut v = s.serialize_struct_variant("ElementState", 1, "Keyed", 2)?;
+                v.serialize_field("max_parallelism", &max_parallelism)?;
+                v.serialize_field("groups", &DrainingGroups(RefCell::new(groups)))?;
+                v.end()
+            }
+            ElementState::KeyedDelta { max_parallelism, groups } => {
+                let mut v = s.serialize_struct_variant("ElementState", 2, "KeyedDelta", 2)?;
+                v.serialize_field("max_parallelism", &max_parallelism)?;
+                v.serialize_field("groups", &DrainingGroups(RefCell::new(groups)))?;
+                v.end()
+            }
+            plain @ ElementState::Plain(_) => plain.serialize(s),
+        }
+    }
+}
+
+/// Key groups, each dropped once written.
+struct DrainingGroups<G>(RefCell<Vec<G>>);
+
+/// The blobs of one key group as postcard writes them.
+trait GroupBlobs {
+    fn write<T: SerializeSeq>(self, seq: &mut T) -> Result<(), T::Error>;
+}
+
+impl GroupBlobs for (u32, Vec<u8>) {
+    fn write<T: SerializeSeq>(self, seq: &mut T) -> Result<(), T::Error> {
+        seq.serialize_element(&(self.0, Bytes(&self.1)))
+    }
+}
+
+impl GroupBlobs for (u32, Vec<u8>, Vec<u8>) {
+    fn write<T: SerializeSeq>(self, seq: &mut T) -> Result<(), T::Error> {
+        seq.serialize_element(&(self.0, Bytes(&self.1), Bytes(&self.2)))
+    }
+}
+
+impl<G: GroupBlobs> Serialize for DrainingGroups<G> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let groups = std::mem::take(&mut *self.0.borrow_mut());
+        let mut seq = s.serialize_seq(Some(groups.len()))?;
+        for group in groups {
+            group.write(&mut seq)?;
+        }
+        seq.end()
+    }
+}
+
+struct Bytes<'a>(&'a [u8]);
+
+impl Serialize for Bytes<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.0)
     }
 }
 
@@ -114,3 +227,7 @@ pub(crate) fn encode_plain<T: Serialize>(uid: &str, v: &T) -> Result<Box<dyn Sta
     let bytes = postcard::to_allocvec(v).map_err(|e| TaskError::State { uid: uid.into(), message: e.to_string() })?;
     Ok(Box::new(PlainImage(bytes)))
 }
+
+#[cfg(test)]
+#[path = "snapshot_tests.rs"]
+mod tests;
