@@ -235,7 +235,8 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> KeyedProcessOp
         let mut layers = index.keyed(&self.uid, self.range, self.max_parallelism)?;
         if self.state.restores_sorted() && evolve.is_none() && migration.is_none() {
             // Group by group, each in key order, its records' bytes copied as the checkpoint holds
-            // them (the stored form; decoded only to check them): what a B-tree appends fastest.
+            // them (the stored form; decoded only to check them): the store takes them without
+            // re-encoding, and a group the task may touch only later can wait in memory.
             let mut by_group: std::collections::BTreeMap<u32, Vec<KeyedLayer<'_>>> = Default::default();
             for (kg, layer) in std::mem::take(&mut layers) {
                 by_group.entry(kg).or_default().push(layer);
