@@ -12,7 +12,7 @@ import re, statistics, subprocess, sys
 keys, hot, events, reps, off = sys.argv[1:6]
 bins = [("off", off, ["--checkpoint-interval", "off"])] + [
     (nb.split("=")[0], nb.split("=")[1], ["--checkpoint-interval", "1s"]) for nb in sys.argv[6:]]
-fields = ["events_per_s", "peak_rss_mb", "duration_p50_ms", "duration_max_ms", "encode_p50_us", "page_copies_p50", "sync_p50_us", "sync_max_us", "checkpoints"]
+fields = ["events_per_s", "peak_rss_mb", "duration_p50_ms", "duration_max_ms", "encode_p50_us", "page_copies_p50", "saved_entries_p50", "sync_p50_us", "sync_max_us", "checkpoints"]
 res = {n: {f: [] for f in fields} for n, _, _ in bins}
 for rep in range(int(reps)):
     order = bins if rep % 2 == 0 else bins[::-1]
@@ -22,7 +22,8 @@ for rep in range(int(reps)):
         line = [l for l in out.splitlines() if "events_per_s=" in l][-1]
         assert "verified=sink+state" in line, line
         for f in fields:
-            res[name][f].append(int(re.search(rf"\b{f}=(\d+)", line).group(1)))
+            found = re.search(rf"\b{f}=(\d+)", line)  # (older binaries lack some fields: 0)
+            res[name][f].append(int(found.group(1)) if found else 0)
         print(f"rep {rep} {name}: {line}", flush=True)
 m = lambda n, f: statistics.median(res[n][f])
 print(f"\nkeys={keys} hot={hot} events={events} reps={reps}")

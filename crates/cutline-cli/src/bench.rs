@@ -178,7 +178,7 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
     let col = |f: &dyn Fn(&cutline::CheckpointSummary) -> u64| periodic.iter().map(|c| f(c)).collect::<Vec<u64>>();
     let (d, al, sd) = (col(&|c| c.duration_ms), col(&|c| c.alignment_ms), col(&|c| c.start_delay_ms));
     println!(
-        "events={events} keys={keys} backend={} parallelism={parallelism} workers={} interval={interval} max_concurrent={max_concurrent} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_max_ms={} alignment_p50_ms={} alignment_max_ms={} start_delay_p50_ms={} start_delay_max_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} sync_p50_us={} sync_max_us={} page_copies_p50={} peak_rss_mb={} state_bytes={} written_p50_bytes={} written_max_bytes={} restarts={} sink_records={} state_count={} verified={}{recovery}{scraped}",
+        "events={events} keys={keys} backend={} parallelism={parallelism} workers={} interval={interval} max_concurrent={max_concurrent} elapsed_s={secs:.3} events_per_s={:.0} checkpoints={} duration_p50_ms={} duration_max_ms={} alignment_p50_ms={} alignment_max_ms={} start_delay_p50_ms={} start_delay_max_ms={} persist_p50_ms={} encode_p50_us={} write_p50_us={} sync_p50_us={} sync_max_us={} page_copies_p50={} saved_entries_p50={} peak_rss_mb={} state_bytes={} written_p50_bytes={} written_max_bytes={} restarts={} sink_records={} state_count={} verified={}{recovery}{scraped}",
         a.state_backend.state_backend,
         a.workers,
         events as f64 / secs,
@@ -195,6 +195,7 @@ pub(crate) fn bench(a: &BenchArgs) -> Result<()> {
         median(&col(&|c| c.sync_us)),
         max(&col(&|c| c.sync_us)),
         median(&col(&|c| c.page_copies)),
+        median(&col(&|c| c.saved_entries)),
         // Of this process: in one process (no --workers) the job's own peak.
         cutline_cli::jobs::peak_rss_bytes().map(|b| b >> 20).unwrap_or(0),
         report.checkpoints.last().map(|c| c.bytes).unwrap_or(0),

@@ -406,7 +406,9 @@ impl<K: Key, T: Send + 'static, S: StateValue, O: Send + 'static> Emit<T> for Ke
     }
 
     fn on_barrier(&mut self, b: &Barrier, snap: &mut SnapshotBuilder) -> Result<(), TaskError> {
-        snap.page_copies += self.state.take_copies() + self.timers.take_copies() + self.processing_timers.take_copies();
+        let copies = self.state.take_copies() + self.timers.take_copies() + self.processing_timers.take_copies();
+        snap.page_copies += copies.pages;
+        snap.saved_entries += copies.entries;
         let image = self.state.image(&self.uid, b.checkpoint, snap.base)?;
         snap.add(&self.uid, image);
         snap.add(&schema_uid(&self.uid), Box::new(PlainImage(self.schema.1.clone())));

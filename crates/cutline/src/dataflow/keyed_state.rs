@@ -3,7 +3,7 @@
 //! `spill`). Both snapshot to the same [`ElementState`] and restore from it.
 
 use crate::error::TaskError;
-use crate::state::{CowMap, ElementState, Frozen, Key, StateBackend, StateImage, StateValue};
+use crate::state::{Copies, CowMap, ElementState, Frozen, Key, StateBackend, StateImage, StateValue};
 use cutline_core::{CheckpointId, KeyGroupRange};
 
 /// A keyed operator's value state. (One per keyed operator, so the variants' sizes do not matter.)
@@ -103,12 +103,12 @@ impl<K: Key, S: StateValue> KeyedState<K, S> {
         }
     }
 
-    /// Pages copied since the last call (memory only).
-    pub fn take_copies(&mut self) -> u64 {
+    /// Pages copied and entries saved since the last call (memory only).
+    pub fn take_copies(&mut self) -> Copies {
         match self {
             KeyedState::Memory(m) => m.take_copies(),
             #[cfg(feature = "spill")]
-            KeyedState::Disk(_) => 0,
+            KeyedState::Disk(_) => Copies::default(),
         }
     }
 

@@ -4,7 +4,7 @@
 
 use crate::error::TaskError;
 use crate::state::{
-    key_group_of_hash, stable_hash, CowMap, ElementState, Frozen, Key, KeyedLayer, RestoreIndex, StateImage,
+    key_group_of_hash, stable_hash, Copies, CowMap, ElementState, Frozen, Key, KeyedLayer, RestoreIndex, StateImage,
 };
 use cutline_core::watermark::EventTime;
 use cutline_core::{CheckpointId, KeyGroup, KeyGroupRange};
@@ -95,8 +95,8 @@ impl<K: Key> Timers<K> {
         Timers { by_key: CowMap::incremental(range, max_parallelism), queue: BTreeMap::new(), pending: 0 }
     }
 
-    /// Pages of `by_key` copied since the last call (see [`CowMap::take_copies`]).
-    pub fn take_copies(&mut self) -> u64 {
+    /// Pages of `by_key` copied and entries saved since the last call (see [`CowMap::take_copies`]).
+    pub fn take_copies(&mut self) -> Copies {
         self.by_key.take_copies()
     }
 

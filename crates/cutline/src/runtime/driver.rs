@@ -249,6 +249,7 @@ pub(crate) fn carry_out(
                     write_us: max(&|r| r.write_us),
                     sync_us: max(&|r| r.timings.sync_us),
                     page_copies: reports.iter().map(|(_, r)| r.timings.page_copies).sum(),
+                    saved_entries: reports.iter().map(|(_, r)| r.timings.saved_entries).sum(),
                     unaligned_tasks: reports.iter().filter(|(_, r)| r.timings.unaligned).count() as u32,
                     switched_tasks: reports.iter().filter(|(_, r)| r.timings.switched).count() as u32,
                     channel_state_bytes: reports.iter().map(|(_, r)| r.timings.channel_state_bytes).sum(),

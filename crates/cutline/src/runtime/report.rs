@@ -82,6 +82,9 @@ pub struct CheckpointSummary {
     /// State pages tasks copied because they wrote to them while the previous snapshot still read
     /// them, summed over tasks.
     pub page_copies: u64,
+    /// State entries tasks saved for the previous snapshot before overwriting them (instead of
+    /// copying their pages), summed over tasks.
+    pub saved_entries: u64,
     /// The task whose acknowledgement came last.
     pub slowest_task: String,
     /// Tasks that snapshotted unaligned (from the start or after switching).
@@ -266,6 +269,9 @@ pub struct SnapshotTimings {
     /// State pages the task copied since its previous snapshot because it wrote to them while
     /// a snapshot still read them (memory that a snapshot cost beyond the state itself).
     pub page_copies: u64,
+    /// State entries the task saved since its previous snapshot for a snapshot that still read
+    /// them, before overwriting them (the other memory a snapshot costs).
+    pub saved_entries: u64,
     /// Microseconds from the trigger (coordinator clock, whole milliseconds) to the snapshot here:
     /// the last barrier of an aligned checkpoint, the first of an unaligned one.
     pub snapshot_at_us: u64,

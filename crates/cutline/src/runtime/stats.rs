@@ -413,6 +413,7 @@ pub(crate) fn summary_of(r: &CheckpointRecord) -> CheckpointSummary {
         write_us: max(&|t| t.write_us),
         sync_us: max(&|t| t.sync_us),
         page_copies: 0,
+        saved_entries: 0,
         slowest_task: r.slowest_task.clone(),
         unaligned_tasks: r.unaligned_tasks,
         switched_tasks: r.switched_tasks,

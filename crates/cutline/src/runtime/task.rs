@@ -511,6 +511,7 @@ impl Task {
         self.body.on_barrier(&b, &mut snap)?;
         timings.sync_us = env.now_us().saturating_sub(started_us);
         timings.page_copies = snap.page_copies;
+        timings.saved_entries = snap.saved_entries;
         if b.kind.ends_input() {
             self.final_checkpoint = Some(b.checkpoint);
         }

@@ -1,8 +1,9 @@
 //! Keyed state in a copy-on-write hash table ([`CowMap`]): open addressing with linear probing over
 //! fixed-size pages of slots. A snapshot ([`CowMap::freeze`]) shares every page with the snapshot
 //! writer: one reference count per page, a few thousand for ten million keys, whatever the entries
-//! hold. The task copies a page only when it writes to one that the writer has not encoded yet, and
-//! the writer lets go of each page as soon as it has encoded it.
+//! hold. Before the task writes to a slot the writer has not encoded yet, it saves the slot's entry
+//! for the writer (or copies the page, see [`super::cow_page`]), and the writer lets go of each page
+//! as soon as it has encoded it.
 //!
 //! One table, not one per key group: many small tables cost a third of the keyed benchmark's
 //! throughput (more cache and TLB misses per lookup) when measured against one large table.
@@ -14,15 +15,13 @@
 //! not in them: a stamp in the slot made a 32-byte slot 40 and the keyed benchmark 25 % slower; a
 //! separate array costs one store per write.
 
+use super::cow_page::{BeforeWrite, PageBuf};
+pub(super) use super::cow_page::{Epoch, Slot, Stamp, PAGE_BYTES};
 pub(crate) use super::frozen::Frozen;
 use super::hash::stable_hash;
 use super::Key;
 use cutline_core::{CheckpointId, KeyGroupRange};
 use std::sync::Arc;
-
-/// Bytes of a full page (the unit of copy-on-write): one transparent huge page, so that a lookup
-/// in a large table does not also miss the TLB.
-pub(crate) const PAGE_BYTES: usize = 2 << 20;
 
 /// Slots per full page: a power of two whose slots fit in [`PAGE_BYTES`].
 fn page_slots<K, V>() -> usize {
@@ -37,18 +36,6 @@ const MAX_LOAD_DEN: usize = 8;
 
 /// Slots of a new table.
 const MIN_SLOTS: usize = 16;
-
-type Slot<K, V> = Option<(K, V)>;
-
-/// Counts freezes of one map: writes between two freezes carry the same epoch.
-pub(super) type Epoch = u32;
-
-/// What a slot keeps of the epoch it was last written in: its low byte. The age of a write,
-/// `(epoch now - stamp) mod 256`, is exact for writes of the last 255 epochs; an older one may look
-/// younger (and be written again by an incremental snapshot: harmless), never older, and a base is
-/// at most [`FREEZES_KEPT`] epochs old. One byte per slot: the stamps of a million-key table fit in
-/// the cache that the slots do not.
-pub(super) type Stamp = u8;
 
 /// How many freezes a map remembers the epoch of: a snapshot can build on one of the last this many
 /// (older bases: a whole snapshot instead).
@@ -71,11 +58,6 @@ fn new_page<K, V>(slots: usize) -> Page<K, V> {
     Arc::new(PageBuf::new(slots))
 }
 
-/// Bytes of a cache line: pages start at one, so that a slot whose size divides it never spans two
-/// (a `Vec`'s or an `Arc`'s slice starts 16 bytes into a line: every other 32-byte slot would cost
-/// two cache misses).
-const LINE: usize = 64;
-
 /// Where a page's slots and stamps start, and whether its map may write to it in place.
 struct PageRef<K, V> {
     base: std::ptr::NonNull<Slot<K, V>>,
@@ -89,96 +71,18 @@ unsafe impl<K: Send + Sync, V: Send + Sync> Send for PageRef<K, V> {}
 // SAFETY: as above (`&CowMap` reads only).
 unsafe impl<K: Sync, V: Sync> Sync for PageRef<K, V> {}
 
-/// The slots of one page, in an allocation aligned to a cache line, and their stamps (the epoch each
-/// slot was last written in) in another.
-pub(super) struct PageBuf<K, V> {
-    ptr: std::ptr::NonNull<Slot<K, V>>,
-    stamps: std::ptr::NonNull<Stamp>,
-    len: usize,
+/// What snapshots cost a map beyond its state: pages copied whole, and entries saved one by one
+/// (see [`super::cow_page`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Copies {
+    pub pages: u64,
+    pub entries: u64,
 }
 
-// SAFETY: a `PageBuf` owns its slots as a `Box<[Slot<K, V>]>` would.
-unsafe impl<K: Send, V: Send> Send for PageBuf<K, V> {}
-// SAFETY: as above; `&PageBuf` gives only `&Slot`.
-unsafe impl<K: Sync, V: Sync> Sync for PageBuf<K, V> {}
-
-impl<K, V> PageBuf<K, V> {
-    fn layout(len: usize) -> std::alloc::Layout {
-        let array = std::alloc::Layout::array::<Slot<K, V>>(len).expect("a page's layout");
-        let align = if array.size() >= PAGE_BYTES / 2 { PAGE_BYTES } else { LINE };
-        array.align_to(align).expect("a page's layout")
-    }
-
-    fn new(len: usize) -> Self {
-        assert!(len > 0);
-        let layout = Self::layout(len);
-        // SAFETY: `layout` has a non-zero size (`len > 0`, and a slot holds at least its tag).
-        let raw = unsafe { std::alloc::alloc(layout) } as *mut Slot<K, V>;
-        let Some(ptr) = std::ptr::NonNull::new(raw) else { std::alloc::handle_alloc_error(layout) };
-        if layout.align() == PAGE_BYTES {
-            // Ask for huge pages before the first touch (a hint: refused where transparent huge
-            // pages are off, and then the page is as fast as any other allocation).
-            #[cfg(target_os = "linux")]
-            // SAFETY: the range is this allocation, aligned to a huge page.
-            unsafe {
-                libc::madvise(raw as *mut libc::c_void, layout.size(), libc::MADV_HUGEPAGE)
-            };
-        }
-        for i in 0..len {
-            // SAFETY: `i < len` slots were allocated; each is written once before any read.
-            unsafe { ptr.as_ptr().add(i).write(None) };
-        }
-        let stamps_layout = Self::stamps_layout(len);
-        // SAFETY: a non-zero size (`len > 0`); zeroed memory is a valid `[Stamp]`.
-        let raw = unsafe { std::alloc::alloc_zeroed(stamps_layout) } as *mut Stamp;
-        let Some(stamps) = std::ptr::NonNull::new(raw) else { std::alloc::handle_alloc_error(stamps_layout) };
-        PageBuf { ptr, stamps, len }
-    }
-
-    fn stamps_layout(len: usize) -> std::alloc::Layout {
-        std::alloc::Layout::array::<Stamp>(len).and_then(|l| l.align_to(LINE)).expect("a page's layout")
-    }
-
-    pub(super) fn stamps(&self) -> &[Stamp] {
-        // SAFETY: `len` initialised stamps at `stamps`, owned by `self`.
-        unsafe { std::slice::from_raw_parts(self.stamps.as_ptr(), self.len) }
-    }
-}
-
-impl<K, V> std::ops::Deref for PageBuf<K, V> {
-    type Target = [Slot<K, V>];
-    fn deref(&self) -> &[Slot<K, V>] {
-        // SAFETY: `len` initialised slots at `ptr`, owned by `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl<K, V> std::ops::DerefMut for PageBuf<K, V> {
-    fn deref_mut(&mut self) -> &mut [Slot<K, V>] {
-        // SAFETY: as in `deref`, and `&mut self` is unique.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl<K: Clone, V: Clone> Clone for PageBuf<K, V> {
-    fn clone(&self) -> Self {
-        let mut copy = PageBuf::new(self.len);
-        copy.clone_from_slice(self);
-        // SAFETY: both hold `len` stamps; `copy` is new, so the two do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(self.stamps.as_ptr(), copy.stamps.as_ptr(), self.len) };
-        copy
-    }
-}
-
-impl<K, V> Drop for PageBuf<K, V> {
-    fn drop(&mut self) {
-        // SAFETY: the slots are initialised and dropped once, then the allocation made with the
-        // same layout is freed.
-        unsafe {
-            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len));
-            std::alloc::dealloc(self.ptr.as_ptr() as *mut u8, Self::layout(self.len));
-            std::alloc::dealloc(self.stamps.as_ptr(), Self::stamps_layout(self.len));
-        }
+impl std::ops::Add for Copies {
+    type Output = Copies;
+    fn add(self, o: Copies) -> Copies {
+        Copies { pages: self.pages + o.pages, entries: self.entries + o.entries }
     }
 }
 
@@ -199,7 +103,7 @@ pub(crate) struct CowMap<K, V> {
     /// log2 of the slots per page.
     page_bits: u32,
     len: usize,
-    copies: u64,
+    copies: Copies,
     /// What writes are stamped with now.
     epoch: Epoch,
     /// The epoch at each of the last [`FREEZES_KEPT`] freezes, by checkpoint.
@@ -232,7 +136,7 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
             page_mask: 0,
             page_bits: 0,
             len: 0,
-            copies: 0,
+            copies: Copies::default(),
             epoch: 0,
             freezes: super::freeze_log::FreezeLog::new(FREEZES_KEPT),
             removals: None,
@@ -274,9 +178,9 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
         self.len
     }
 
-    /// Pages copied since the last call because the task wrote to them while a snapshot still
-    /// read them.
-    pub fn take_copies(&mut self) -> u64 {
+    /// Pages copied and entries saved since the last call because the task wrote to them while a
+    /// snapshot still read them.
+    pub fn take_copies(&mut self) -> Copies {
         std::mem::take(&mut self.copies)
     }
 
@@ -296,19 +200,20 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
         unsafe { &*self.meta(i).base.as_ptr().add(i & self.page_mask) }
     }
 
-    /// Slot `i` (`i <= mask`) for writing: its page copied first if a snapshot still reads it.
+    /// Slot `i` (`i <= mask`) for writing: if a snapshot still reads its page, the slot's entry
+    /// saved for it first, or the page copied (see [`PageBuf::before_write`]).
     #[inline(always)]
     fn slot_mut(&mut self, i: usize) -> &mut Slot<K, V> {
         if !self.meta(i).owned {
-            self.take_back(i >> self.page_bits);
+            self.before_write(i);
         }
-        let p = i >> self.page_bits;
-        debug_assert!(Arc::strong_count(&self.pages[p]) == 1 && Arc::weak_count(&self.pages[p]) == 0);
-        // SAFETY: `owned` holds, so `pages[p]` is the only reference to its allocation (see the
-        // field's doc: references are handed out only by `freeze`, which clears every flag, and no
-        // `Weak` is ever made), and `&mut self` makes this the only access: a unique `Arc`'s data
-        // may be written through (`Arc::get_mut` would check the same at the cost of an atomic
-        // read-modify-write per record). The offset is below the slots per page.
+        // SAFETY: either `owned` holds, so `pages[p]` is the only reference to its allocation (see
+        // the field's doc: references are handed out only by `freeze`, which clears every flag,
+        // and no `Weak` is ever made), or the snapshot holding the page reads slot `i` from it no
+        // more (`before_write` answered `InPlace`: the module invariant of `cow_page`); and
+        // `&mut self` makes this the only access from the task. (`Arc::get_mut` would check
+        // ownership at the cost of an atomic read-modify-write per record.) The offset is below
+        // the slots per page.
         unsafe { &mut *self.meta(i).base.as_ptr().add(i & self.page_mask) }
     }
 
@@ -317,8 +222,8 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
     #[inline(always)]
     fn slot_stamped(&mut self, i: usize, stamp: Stamp) -> &mut Slot<K, V> {
         let slot: *mut Slot<K, V> = self.slot_mut(i);
-        // SAFETY: `slot_mut` made the page owned (see its safety comment): its stamps are this
-        // map's alone, and the offset is below the stamps per page.
+        // SAFETY: `slot_mut` made the page owned or saved the slot's stamp for the snapshot reading
+        // it (see its safety comment), and the offset is below the stamps per page.
         unsafe { *self.meta(i).stamps.as_ptr().add(i & self.page_mask) = stamp };
         // SAFETY: `slot` points into the page `slot_mut` returned it from, still borrowed by `self`.
         unsafe { &mut *slot }
@@ -331,13 +236,26 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
         unsafe { *self.meta(i).stamps.as_ptr().add(i & self.page_mask) }
     }
 
+    /// Before the first write to slot `i` of a page the map does not know to be its own: take the
+    /// page back if no snapshot holds it any more; else save the slot's entry for the snapshot (the
+    /// page stays shared), or copy the page.
     #[cold]
     #[inline(never)]
-    fn take_back(&mut self, p: usize) {
+    fn before_write(&mut self, i: usize) {
+        let p = i >> self.page_bits;
         let page = &mut self.pages[p];
         if Arc::get_mut(page).is_none() {
-            *page = Arc::new(PageBuf::clone(page));
-            self.copies += 1;
+            match page.before_write(i & self.page_mask) {
+                BeforeWrite::InPlace => return,
+                BeforeWrite::Saved => {
+                    self.copies.entries += 1;
+                    return;
+                }
+                BeforeWrite::Copy => {
+                    *page = Arc::new(PageBuf::clone(page));
+                    self.copies.pages += 1;
+                }
+            }
         }
         self.meta[p] = PageRef { base: page.ptr, stamps: page.stamps, owned: true };
     }
@@ -410,7 +328,7 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
                     }
                 }
                 None => {
-                    self.copies += 1;
+                    self.copies.pages += 1;
                     for (slot, e) in page.iter().zip(page.stamps()) {
                         if let Some((k, v)) = slot {
                             self.put_new((k.clone(), v.clone()), *e);
@@ -481,15 +399,26 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
     /// Share every page with a snapshot that is always encoded whole (see [`CowMap::freeze`]).
     #[cfg(test)]
     pub fn freeze_whole(&mut self) -> Frozen<K, V> {
-        self.meta.iter_mut().for_each(|m| m.owned = false);
+        let at = self.share_pages();
+        self.epoch += 1;
         Frozen {
             pages: self.pages.clone(),
             range: self.range,
             max_parallelism: self.max_parallelism,
             since: None,
-            at: self.epoch,
+            at,
             removed: Vec::new(),
         }
+    }
+
+    /// Hand every page to a snapshot of the current epoch: the map writes to none in place without
+    /// asking it first (see [`PageBuf::frozen`]). The epoch.
+    fn share_pages(&mut self) -> Epoch {
+        for (page, meta) in self.pages.iter().zip(&mut self.meta) {
+            meta.owned = false;
+            page.frozen(self.epoch, Arc::strong_count(page) == 1);
+        }
+        self.epoch
     }
 
     /// Share every page with the snapshot of `checkpoint`: one reference count per page, whatever
@@ -500,8 +429,7 @@ impl<K: Key, V: Clone + Send + Sync + 'static> CowMap<K, V> {
     /// snapshot can also be encoded as what changed since then ([`Frozen::since`]). What only
     /// older bases would need is dropped here. Costs O([`FREEZES_KEPT`]), not O(entries).
     pub fn freeze(&mut self, checkpoint: CheckpointId, base: Option<CheckpointId>) -> Frozen<K, V> {
-        self.meta.iter_mut().for_each(|m| m.owned = false);
-        let epoch = self.epoch;
+        let epoch = self.share_pages();
         let base_epoch = base.and_then(|b| self.freezes.get(b).copied());
         self.freezes.record(checkpoint, base, epoch);
         let mut since = None;

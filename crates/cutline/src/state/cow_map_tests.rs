@@ -49,7 +49,7 @@ fn a_snapshot_sees_the_state_at_its_barrier_whatever_is_written_after() {
         model.insert(k, k);
     }
     let frozen = m.freeze_whole();
-    assert_eq!(m.take_copies(), 0, "freezing copies nothing");
+    assert_eq!(m.take_copies(), Copies::default(), "freezing copies nothing");
     for k in 0..10_000u64 {
         *m.get_mut(&k).unwrap() += 1_000;
         m.remove(&(k + 10_000));
@@ -59,7 +59,7 @@ fn a_snapshot_sees_the_state_at_its_barrier_whatever_is_written_after() {
         m.insert(k, 1);
     }
     assert_eq!(decode(frozen.encode("op", |v| Some(v), false).unwrap()), sorted(&model));
-    assert!(m.take_copies() > 0, "writes to pages still held copy them");
+    assert!(m.take_copies().pages > 0, "writes to many entries of pages still held copy the pages");
     assert_eq!(m.len(), 60_000);
     assert_eq!(m.get(&3), Some(&1_003));
     assert_eq!(m.get(&10_003), None);
@@ -75,11 +75,87 @@ fn a_page_the_snapshot_let_go_of_is_taken_back_without_a_copy() {
     for k in 0..20_000u64 {
         m.insert(k, 0);
     }
-    assert_eq!(m.take_copies(), 0, "no page is copied once the snapshot is encoded");
+    assert_eq!(m.take_copies(), Copies::default(), "nothing is copied once the snapshot is encoded");
     let later = m.freeze_whole();
     m.insert(1, 1);
-    assert_eq!(m.take_copies(), 1, "one write copies one page");
+    assert_eq!(m.take_copies(), Copies { pages: 0, entries: 1 }, "one write saves one entry, copies no page");
     assert!(decode(later.encode("op", |v| Some(v), false).unwrap()).iter().all(|&(_, v)| v == 0));
+}
+
+/// Entries over several pages, frozen; some written before the snapshot is read, more while
+/// another thread reads it, 24 times over. Each snapshot must be the state at its barrier, and no
+/// page copied.
+#[test]
+fn a_snapshot_read_on_another_thread_while_the_task_writes_in_place_is_its_barrier() {
+    let mut m = map();
+    let keys = 300_000u64;
+    let mut model = HashMap::new();
+    for k in 0..keys {
+        m.insert(k, k);
+        model.insert(k, k);
+    }
+    assert!(m.pages.len() >= 4, "{} pages", m.pages.len());
+    // Returns the keys written that the model held before.
+    let write = |m: &mut CowMap<u64, u64>, model: &mut HashMap<u64, u64>, round: u64| {
+        let mut held = std::collections::HashSet::new();
+        for i in 0..2_000u64 {
+            let k = splitmix64(i ^ round) % keys;
+            let k = if i % 4 == 1 { keys + splitmix64(i + round) % 1_000 } else { k };
+            if model.contains_key(&k) {
+                held.insert(k);
+            }
+            match i % 4 {
+                0 => assert_eq!(m.remove(&k), model.remove(&k)),
+                1 => assert_eq!(m.insert(k, i), model.insert(k, i)),
+                _ => {
+                    if let Some(v) = m.get_mut(&k) {
+                        *v += 1;
+                        *model.get_mut(&k).expect("the model has it too") += 1;
+                    }
+                }
+            }
+        }
+        held
+    };
+    for checkpoint in 1..=24u64 {
+        let at_barrier = sorted(&model);
+        let frozen = m.freeze(CheckpointId(checkpoint), None);
+        // Before the reader starts: each entry these overwrite is saved.
+        let saved_at_least = write(&mut m, &mut model, checkpoint * 100).len() as u64;
+        let reader = std::thread::spawn(move || decode(frozen.encode("op", |v| Some(v), false).unwrap()));
+        for round in 1..20 {
+            write(&mut m, &mut model, checkpoint * 100 + round);
+        }
+        assert_eq!(reader.join().unwrap(), at_barrier, "snapshot {checkpoint}");
+        let copies = m.take_copies();
+        assert!(
+            copies.pages == 0 && copies.entries >= saved_at_least,
+            "{saved_at_least} entries saved, no page copied: {copies:?}"
+        );
+    }
+}
+
+#[test]
+fn a_page_with_many_entries_written_under_a_snapshot_is_copied_once() {
+    let mut m = map();
+    let mut model = HashMap::new();
+    for k in 0..20_000u64 {
+        m.insert(k, k);
+        model.insert(k, k);
+    }
+    assert_eq!(m.pages.len(), 1);
+    let frozen = m.freeze_whole();
+    let limit = (m.mask + 1) / super::super::cow_page::MAX_SAVED_SHARE;
+    for k in 0..limit as u64 {
+        *m.get_mut(&k).unwrap() += 1;
+    }
+    assert_eq!(m.take_copies(), Copies { pages: 0, entries: limit as u64 }, "{limit} entries saved");
+    for k in 0..20_000u64 {
+        *m.get_mut(&k).unwrap() += 1;
+    }
+    assert_eq!(m.take_copies(), Copies { pages: 1, entries: 0 }, "the page copied once, at the limit");
+    assert_eq!(decode(frozen.encode("op", |v| Some(v), false).unwrap()), sorted(&model));
+    assert_eq!(m.get(&0), Some(&2));
 }
 
 #[test]

@@ -38,7 +38,8 @@ impl<K: Key, V: Send + Sync + 'static> Frozen<K, V> {
     /// key group), or, if `incremental` and [`Frozen::can_be_incremental`], only what changed since
     /// the base ([`ElementState::KeyedDelta`]: per key group, the pairs written since and the keys
     /// removed since, an entry projected to `None` counting as removed). Each page is let go of as
-    /// soon as it is encoded, so that the task need not copy it.
+    /// soon as it is encoded. The task may write to a page meanwhile: it saves what it overwrites for
+    /// this snapshot first ([`PageBuf::read_as_of`](super::cow_page::PageBuf::read_as_of)).
     pub fn encode<W: Serialize + ?Sized>(
         self,
         uid: &str,
@@ -77,27 +78,30 @@ impl<K: Key, V: Send + Sync + 'static> Frozen<K, V> {
                 None => Ok(()),
             }
         };
+        // A base older than a stamp can tell (never: it is at most FREEZES_KEPT freezes old):
+        // every entry, as if each had changed.
+        let lag = lag.and_then(|lag| Stamp::try_from(lag).ok());
+        let changed = |e: &Stamp| lag.is_some_and(|lag| at.wrapping_sub(*e) < lag);
         for page in self.pages {
-            // A base older than a stamp can tell (never: it is at most FREEZES_KEPT freezes old):
-            // every entry, as if each had changed.
-            let Some(lag) = lag.and_then(|lag| Stamp::try_from(lag).ok()) else {
-                page.iter().try_for_each(&mut put)?;
-                continue;
-            };
-            // The stamps first, a run of them at a time (one byte per slot, compared without a
-            // branch): a slot is read only if it changed. Reading every slot to find the 1 % that
-            // changed cost 14 ns per entry, and the task copies the pages the writer still holds.
-            let changed = |e: &Stamp| at.wrapping_sub(*e) < lag;
-            for (run, stamps) in page.stamps().chunks(STAMPS_PER_RUN).enumerate() {
-                if !stamps.iter().fold(false, |any, e| any | changed(e)) {
-                    continue;
+            page.read_as_of(self.at, |_, stamps, slot| {
+                if lag.is_none() {
+                    return (0..stamps.len()).try_for_each(|i| put(slot(i)));
                 }
-                for (i, e) in stamps.iter().enumerate() {
-                    if changed(e) {
-                        put(&page[run * STAMPS_PER_RUN + i])?;
+                // The stamps first, a run of them at a time (one byte per slot, compared without a
+                // branch): a slot is read only if it changed. Reading every slot to find the 1 %
+                // that changed cost 14 ns per entry.
+                for (run, stamps) in stamps.chunks(STAMPS_PER_RUN).enumerate() {
+                    if !stamps.iter().fold(false, |any, e| any | changed(e)) {
+                        continue;
+                    }
+                    for (i, e) in stamps.iter().enumerate() {
+                        if changed(e) {
+                            put(slot(run * STAMPS_PER_RUN + i))?;
+                        }
                     }
                 }
-            }
+                Ok(())
+            })?;
         }
         Ok(ElementState::keyed(range.start, max_parallelism, upserts, since.map(|_| removes)))
     }

@@ -7,6 +7,7 @@
 
 mod backend;
 mod cow_map;
+mod cow_page;
 #[cfg(feature = "spill")]
 mod disk;
 #[cfg(feature = "spill")]
@@ -29,7 +30,7 @@ use serde::Serialize;
 use std::hash::Hash;
 
 pub use backend::{StateBackend, DEFAULT_DISK_CACHE_ENTRIES};
-pub(crate) use cow_map::{CowMap, Frozen};
+pub(crate) use cow_map::{Copies, CowMap, Frozen};
 #[cfg(feature = "spill")]
 pub(crate) use disk::{DiskImage, DiskMap};
 pub(crate) use hash::{key_group_of_hash, KeyHasher};

@@ -77,6 +77,9 @@ pub(crate) struct SnapshotBuilder {
     /// State pages the task's operators copied since their previous snapshot (see
     /// [`CowMap`](super::CowMap)).
     pub page_copies: u64,
+    /// State entries the task's operators saved for a snapshot before overwriting them, since
+    /// their previous snapshot (see [`CowMap`](super::CowMap)).
+    pub saved_entries: u64,
     /// The task's latest checkpoint known to be complete, set before operators add their images:
     /// what incremental images may hold the changes since. The writer decides whether they do
     /// (whether it still has that checkpoint's files to build on).

@@ -331,6 +331,7 @@ fn worker_messages(
                 channel_state_bytes: 0,
                 sync_us: 5 + n % 20,
                 page_copies: 0,
+                saved_entries: 0,
                 snapshot_at_us: 1000 * (n % 5),
                 input_barriers_us: vec![Some(1000 * (n % 3)), Some(1000 * (n % 5))],
                 blocked_records: n % 100,
