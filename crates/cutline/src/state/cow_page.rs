@@ -10,7 +10,7 @@
 //! lock, so the snapshot never reads a slot the task writes.
 //!
 //! A page frozen by a second snapshot before the first let go of it (or one whose saved entries
-//! reach [`MAX_SAVED_SHARE`] of its slots) is copied whole before the task writes to it, as before.
+//! reach 1/[`MAX_SAVED_SHARE`] of its slots) is copied whole before the task writes to it, as before.
 //!
 //! **Invariant:** the task writes a slot of a page a snapshot still holds only if the page's
 //! [`Sharing`] says no snapshot reads that slot from the page any more (its entry is saved, or the
@@ -36,8 +36,9 @@ pub(crate) type Epoch = u32;
 /// fit in the cache that the slots do not.
 pub(crate) type Stamp = u8;
 
-/// Slots a snapshot reads under one hold of a shared page's lock: the longest the task may wait for
-/// the lock (about 30 µs of encoding whole entries) against how often the writer takes it.
+/// Slots a snapshot reads under one hold of a shared page's lock: how long the task may wait for the
+/// lock (the writer encodes the run while it holds it; not measured) against how often the writer
+/// takes it.
 pub(super) const RUN_SLOTS: usize = 1024;
 
 /// Most entries saved for a page, as a share of its slots (1 / this): beyond it the page is copied
