@@ -3,7 +3,7 @@
 //! always pass through, and it never corrupts data (use [`crate::MemStore::corrupt`] for that).
 
 use crate::error::StorageError;
-use crate::format::TaskStateFrame;
+use crate::frame::TaskStateFrame;
 use crate::manifest::{GenerationRecord, JobMeta, Manifest, TaskStateHandle};
 use crate::store::{CheckpointListing, CheckpointStore, GcReport};
 use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};

@@ -26,8 +26,8 @@ pub const MAGIC: [u8; 4] = *b"CUTL";
 ///   record, and every task state payload, kept its shape.
 pub const FORMAT_VERSION: u16 = 2;
 
-const V1_HEADER_LEN: usize = 16;
-const CRC_LEN: usize = 4;
+pub(crate) const V1_HEADER_LEN: usize = 16;
+pub(crate) const CRC_LEN: usize = 4;
 /// What errors about a buffer that did not come from a file name instead of a path.
 const IN_MEMORY: &str = "<in-memory frame>";
 
@@ -44,39 +44,14 @@ pub fn encode_frame(kind: FileKind, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A task state file, framed: what [`CheckpointStore::write_task_frame`](crate::CheckpointStore::write_task_frame)
-/// writes as it is. Built around its payload in one buffer, so that a large state is not held once
-/// as a payload and again as a file.
-pub struct TaskStateFrame(Vec<u8>);
-
-impl TaskStateFrame {
-    /// The frame of `payload` (a copy of it).
-    pub fn new(payload: &[u8]) -> Self {
-        TaskStateFrame(encode_frame(FileKind::TaskState, payload))
-    }
-
-    /// The frame of what `fill` appends to the buffer it is given (room reserved for
-    /// `payload_capacity` bytes), which it must return.
-    pub fn build<E>(payload_capacity: usize, fill: impl FnOnce(Vec<u8>) -> Result<Vec<u8>, E>) -> Result<Self, E> {
-        let mut out = Vec::with_capacity(V1_HEADER_LEN + payload_capacity + CRC_LEN);
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        out.extend_from_slice(&(FileKind::TaskState as u16).to_le_bytes());
-        out.extend_from_slice(&0u64.to_le_bytes());
-        let mut out = fill(out)?;
-        // Invariant: `fill` appends; the header it was given is still there.
-        assert!(out.len() >= V1_HEADER_LEN && out.starts_with(&MAGIC), "a task state frame's header was cut");
-        let payload_len = (out.len() - V1_HEADER_LEN) as u64;
-        out[8..V1_HEADER_LEN].copy_from_slice(&payload_len.to_le_bytes());
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        Ok(TaskStateFrame(out))
-    }
-
-    /// The file's bytes.
-    pub fn bytes(&self) -> &[u8] {
-        &self.0
-    }
+/// The header of a task state frame of the current version with a payload of `payload_len` bytes.
+pub(crate) fn task_state_header(payload_len: u64) -> [u8; V1_HEADER_LEN] {
+    let mut h = [0u8; V1_HEADER_LEN];
+    h[..4].copy_from_slice(&MAGIC);
+    h[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    h[6..8].copy_from_slice(&(FileKind::TaskState as u16).to_le_bytes());
+    h[8..].copy_from_slice(&payload_len.to_le_bytes());
+    h
 }
 
 /// Checks a whole framed file and returns its payload. Errors name a placeholder path; the stores
@@ -236,20 +211,6 @@ mod tests {
                 assert_eq!(frame.len(), payload.len() + 20);
                 assert_eq!(decode_frame(&frame, kind).unwrap(), &payload[..]);
             }
-        }
-    }
-
-    #[test]
-    fn a_task_state_frame_built_around_its_payload_is_the_frame_of_that_payload() {
-        for (len, capacity) in [(0usize, 0usize), (1, 0), (100, 100), (70_000, 10), (70_000, 1 << 20)] {
-            let payload: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
-            let built = TaskStateFrame::build(capacity, |mut buf| {
-                buf.extend_from_slice(&payload);
-                Ok::<_, ()>(buf)
-            })
-            .unwrap();
-            assert_eq!(built.bytes(), encode_frame(FileKind::TaskState, &payload), "{len} bytes, {capacity} reserved");
-            assert_eq!(TaskStateFrame::new(&payload).bytes(), built.bytes());
         }
     }
 

@@ -14,6 +14,7 @@
 mod error;
 mod faulty;
 pub mod format;
+mod frame;
 mod kind;
 mod local;
 mod manifest;
@@ -24,7 +25,8 @@ mod store;
 
 pub use error::StorageError;
 pub use faulty::{FaultPolicy, FaultyStore, StoreOp};
-pub use format::{decode_frame, encode_frame, FileKind, TaskStateFrame, FORMAT_VERSION};
+pub use format::{decode_frame, encode_frame, FileKind, FORMAT_VERSION};
+pub use frame::{TaskStateFrame, SPOOL_BUFFER_BYTES};
 pub use local::LocalDirStore;
 pub use manifest::{GenerationRecord, JobMeta, Manifest, StateFileRef, TaskStateHandle};
 pub use mem::MemStore;

@@ -90,8 +90,13 @@ impl LocalDirStore {
 /// Durably writes `bytes` to `dir/name`, replacing it atomically: a reader sees the old file or the
 /// new one, and after a crash either is there whole. Leaves no temporary file behind on error.
 pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), StorageError> {
+    write_atomic_from(dir, name, Source::Bytes(bytes))
+}
+
+/// [`write_atomic`] of what `src` holds.
+fn write_atomic_from(dir: &Path, name: &str, src: Source<'_>) -> Result<(), StorageError> {
     let tmp = dir.join(temp_name(name));
-    let result = write_synced(&tmp, bytes).and_then(|()| {
+    let result = write_synced(&tmp, src).and_then(|()| {
         fs::rename(&tmp, dir.join(name)).map_err(|e| StorageError::io(&tmp, "rename", e))?;
         sync_dir(dir)
     });
@@ -107,7 +112,7 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), S
 fn write_atomic_new(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool, StorageError> {
     let tmp = dir.join(temp_name(name));
     let target = dir.join(name);
-    let result = write_synced(&tmp, bytes).and_then(|()| match fs::hard_link(&tmp, &target) {
+    let result = write_synced(&tmp, Source::Bytes(bytes)).and_then(|()| match fs::hard_link(&tmp, &target) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
         Err(_) if target.exists() => Ok(false),
@@ -122,10 +127,36 @@ fn write_atomic_new(dir: &Path, name: &str, bytes: &[u8]) -> Result<bool, Storag
     }
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), StorageError> {
+/// The buffer [`LocalDirStore::put_from`](Files::put_from) copies through.
+const COPY_BUFFER_BYTES: usize = 1 << 20;
+
+/// What a file is written from.
+enum Source<'a> {
+    Bytes(&'a [u8]),
+    /// The first `len` bytes a reader gives, copied through a buffer.
+    Reader(&'a mut dyn std::io::Read, u64),
+}
+
+fn write_synced(path: &Path, src: Source<'_>) -> Result<(), StorageError> {
     let mut file =
         OpenOptions::new().write(true).create_new(true).open(path).map_err(|e| StorageError::io(path, "create", e))?;
-    file.write_all(bytes).map_err(|e| StorageError::io(path, "write", e))?;
+    match src {
+        Source::Bytes(bytes) => file.write_all(bytes).map_err(|e| StorageError::io(path, "write", e))?,
+        Source::Reader(src, len) => {
+            let mut written = 0u64;
+            let mut buf = vec![0u8; (len as usize).clamp(1, COPY_BUFFER_BYTES)];
+            while written < len {
+                let want = buf.len().min((len - written) as usize);
+                let n = src.read(&mut buf[..want]).map_err(|e| StorageError::io(path, "read the source of", e))?;
+                if n == 0 {
+                    let e = std::io::Error::new(ErrorKind::UnexpectedEof, format!("wrote {written} of {len} bytes"));
+                    return Err(StorageError::io(path, "write", e));
+                }
+                file.write_all(&buf[..n]).map_err(|e| StorageError::io(path, "write", e))?;
+                written += n as u64;
+            }
+        }
+    }
     file.sync_all().map_err(|e| StorageError::io(path, "fsync", e))
 }
 
@@ -182,6 +213,11 @@ impl Files for LocalDirStore {
     fn put(&self, rel: &str, bytes: &[u8]) -> Result<(), StorageError> {
         let (dir, name) = self.prepare_dir(rel)?;
         write_atomic(&dir, &name, bytes)
+    }
+
+    fn put_from(&self, rel: &str, src: &mut dyn std::io::Read, len: u64) -> Result<(), StorageError> {
+        let (dir, name) = self.prepare_dir(rel)?;
+        write_atomic_from(&dir, &name, Source::Reader(src, len))
     }
 
     fn put_new(&self, rel: &str, bytes: &[u8]) -> Result<bool, StorageError> {

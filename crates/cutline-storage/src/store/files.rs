@@ -25,6 +25,17 @@ pub(crate) trait Files: Send + Sync {
     fn size(&self, rel: &str) -> Result<Option<u64>, StorageError>;
     /// Durably and atomically creates or replaces a file, creating its directory if needed.
     fn put(&self, rel: &str, bytes: &[u8]) -> Result<(), StorageError>;
+    /// `put` of the `len` bytes `src` reads. This default reads them into memory first; a store
+    /// that can write as it reads overrides it.
+    fn put_from(&self, rel: &str, src: &mut dyn std::io::Read, len: u64) -> Result<(), StorageError> {
+        let mut bytes = Vec::with_capacity(len as usize);
+        src.read_to_end(&mut bytes).map_err(|e| StorageError::io(self.display_path(rel), "read spool", e))?;
+        if bytes.len() as u64 != len {
+            let e = std::io::Error::other(format!("read {} of {len} bytes", bytes.len()));
+            return Err(StorageError::io(self.display_path(rel), "read spool", e));
+        }
+        self.put(rel, &bytes)
+    }
     /// Like `put`, but never replaces: `Ok(false)` if the file already exists.
     fn put_new(&self, rel: &str, bytes: &[u8]) -> Result<bool, StorageError>;
     fn list(&self, dir: &str) -> Result<Vec<Entry>, StorageError>;

@@ -21,7 +21,7 @@ pub(crate) mod stats;
 pub(crate) use files::{impl_checkpoint_store, Entry, Files};
 
 use crate::error::StorageError;
-use crate::format::TaskStateFrame;
+use crate::frame::TaskStateFrame;
 use crate::manifest::{GenerationRecord, JobMeta, Manifest, TaskStateHandle};
 use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};
 

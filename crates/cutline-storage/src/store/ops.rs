@@ -10,7 +10,8 @@ use super::layout::{
 };
 use super::{CheckpointListing, GcReport};
 use crate::error::StorageError;
-use crate::format::{decode_frame_at, decode_record, decode_versioned, encode_record, FileKind, TaskStateFrame};
+use crate::format::{decode_frame_at, decode_record, decode_versioned, encode_record, FileKind};
+use crate::frame::{FrameBody, TaskStateFrame};
 use crate::manifest::{JobMeta, Manifest, TaskStateHandle};
 use crate::FORMAT_VERSION;
 use cutline_core::{CheckpointId, Generation, KeyGroupRange, OperatorId, SubtaskIndex};
@@ -38,16 +39,18 @@ pub fn write_task_frame<F: Files>(
         return Err(StorageError::ManifestExists(checkpoint));
     }
     let file = task_state_path(checkpoint, operator, subtask);
-    let framed = frame.bytes();
-    fs.put(&file, framed)?;
+    match &frame.0 {
+        FrameBody::Memory(framed) => fs.put(&file, framed)?,
+        FrameBody::Spooled(spool) => fs.put_from(&file, &mut spool.reader()?, spool.len)?,
+    }
     Ok(TaskStateHandle {
         operator: operator.clone(),
         subtask,
         parallelism,
         key_groups,
         file,
-        size_bytes: framed.len() as u64,
-        crc32: content_crc(framed),
+        size_bytes: frame.len_bytes(),
+        crc32: frame.content_crc(),
         base: Vec::new(),
     })
 }

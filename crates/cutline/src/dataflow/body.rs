@@ -8,7 +8,7 @@ use super::graph::StageCtx;
 use crate::channel::{Data, InFlight, Message, Rx, Taken};
 use crate::connectors::{Source, SourceStatus, SplitId};
 use crate::error::{ConnectorError, TaskError};
-use crate::state::{encode_plain, ElementState, SnapshotBuilder, StateImage};
+use crate::state::{encode_plain, ElementState, Encoded, SnapshotBuilder, StateImage};
 use cutline_core::barrier::Barrier;
 use cutline_core::watermark::{EventTime, WatermarkImage, WatermarkTracker, WatermarkUpdate};
 use cutline_core::CheckpointId;
@@ -221,8 +221,10 @@ struct LegacyChannelState {
 }
 
 impl StateImage for ChannelState {
-    fn encode(self: Box<Self>, _incremental: bool) -> Result<ElementState, String> {
-        postcard::to_allocvec(&*self).map(ElementState::Plain).map_err(|e| format!("encoding channel state: {e}"))
+    fn encode(self: Box<Self>, _incremental: bool) -> Result<Encoded, String> {
+        postcard::to_allocvec(&*self)
+            .map(|b| ElementState::Plain(b).into())
+            .map_err(|e| format!("encoding channel state: {e}"))
     }
 }
 

@@ -3,7 +3,7 @@
 //! `spill`). Both snapshot to the same [`ElementState`] and restore from it.
 
 use crate::error::TaskError;
-use crate::state::{Copies, CowMap, ElementState, Frozen, Key, StateBackend, StateImage, StateValue};
+use crate::state::{Copies, CowMap, Encoded, Frozen, Key, StateBackend, StateImage, StateValue};
 use cutline_core::{CheckpointId, KeyGroupRange};
 
 /// A keyed operator's value state. (One per keyed operator, so the variants' sizes do not matter.)
@@ -158,7 +158,7 @@ struct KeyedImage<K, S> {
 }
 
 impl<K: Key, S: StateValue> StateImage for KeyedImage<K, S> {
-    fn encode(self: Box<Self>, incremental: bool) -> Result<ElementState, String> {
-        self.frozen.encode(&self.uid, Option::as_ref, incremental)
+    fn encode(self: Box<Self>, incremental: bool) -> Result<Encoded, String> {
+        self.frozen.encode(&self.uid, Option::as_ref, incremental).map(Encoded::from)
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::error::TaskError;
 use crate::state::{
-    key_group_of_hash, stable_hash, Copies, CowMap, ElementState, Frozen, Key, KeyedLayer, RestoreIndex, StateImage,
+    key_group_of_hash, stable_hash, Copies, CowMap, Encoded, Frozen, Key, KeyedLayer, RestoreIndex, StateImage,
 };
 use cutline_core::watermark::EventTime;
 use cutline_core::{CheckpointId, KeyGroup, KeyGroupRange};
@@ -270,8 +270,8 @@ struct TimersImage<K> {
 }
 
 impl<K: Key> StateImage for TimersImage<K> {
-    fn encode(self: Box<Self>, incremental: bool) -> Result<ElementState, String> {
-        self.frozen.encode(&self.uid, |v| Some(v), incremental)
+    fn encode(self: Box<Self>, incremental: bool) -> Result<Encoded, String> {
+        self.frozen.encode(&self.uid, |v| Some(v), incremental).map(Encoded::from)
     }
 }
 

@@ -13,7 +13,7 @@ use super::disk_store::{remove_orphans, store_err, Store, View};
 use super::disk_writer::{read_log, write_sorted, Cached, Handed, Slot, WriteLog, Writer};
 use super::freeze_log::FreezeLog;
 use super::hash::{key_group_of_hash, stable_hash};
-use super::snapshot::{ElementState, StateImage};
+use super::snapshot::{ElementState, EmitGroup, Encoded, KeyedStream, StateImage};
 use super::{Key, StateValue};
 use cutline_core::{CheckpointId, KeyGroup, KeyGroupRange};
 use std::collections::{HashMap, VecDeque};
@@ -337,6 +337,7 @@ impl<K: Key, V: StateValue> DiskMap<K, V> {
         let changed = base_kept.map(|b| self.freezes.after(b).cloned().collect());
         Ok(DiskFrozen {
             view,
+            spool: self.store.path().with_extension(format!("{}.spool", checkpoint.0)),
             _store: self.store.clone(),
             range: self.range,
             max_parallelism: self.max_parallelism,
@@ -393,6 +394,9 @@ pub(crate) struct DiskFrozen {
     max_parallelism: u32,
     /// The flushes of the intervals since the base, if the map still knew them.
     changed: Option<Vec<Interval>>,
+    /// Where a whole snapshot's task state file is built (next to the store; the scratch files of
+    /// a process that is gone are removed with its stores).
+    spool: std::path::PathBuf,
 }
 
 impl DiskFrozen {
@@ -402,62 +406,88 @@ impl DiskFrozen {
         self.changed.is_some()
     }
 
-    /// As [`Frozen::encode`](super::Frozen::encode): whole, or what changed since the base.
-    pub fn encode(self, uid: &str, incremental: bool) -> Result<ElementState, String> {
-        let view = self.view.take().map_err(|e| format!("{uid}: {e}"))?;
-        let range = self.range;
-        let groups_len = range.len() as usize;
-        let changed = self.changed.filter(|_| incremental);
-        let mut upserts: Vec<Vec<u8>> = vec![Vec::new(); groups_len];
-        let mut removes: Vec<Vec<u8>> = vec![Vec::new(); if changed.is_some() { groups_len } else { 0 }];
-        let store = |e: String| format!("{uid}: {e}");
-        let group = |key: &[u8]| -> Result<usize, String> {
-            let kg = key.get(..4).map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")));
-            match kg {
-                // Invariant: only keys of the task's own groups were stored.
-                Some(kg) if range.contains(KeyGroup(kg)) => Ok((kg - range.start) as usize),
-                _ => Err(format!("{uid}: the local state store holds a key outside key groups {range:?}")),
-            }
-        };
-        match &changed {
-            Some(logs) => {
-                // The writes since the base, from the flushes' logs (oldest first): the latest
-                // write of a key is its value in the view.
-                drop(view);
-                let mut written: Vec<WriteLog> = Vec::new();
-                for flush in logs.iter().flat_map(|interval| interval.iter()) {
-                    written.push(flush.get().map_err(|e| format!("{uid}: {e}"))?);
-                }
-                let mut latest: HashMap<&[u8], Option<&[u8]>> = HashMap::new();
-                for log in &written {
-                    read_log(log, |key, value| {
-                        latest.insert(key, value);
-                    })
-                    .map_err(|e| format!("{uid}: {e}"))?;
-                }
-                let mut changes: Vec<(&[u8], Option<&[u8]>)> = latest.into_iter().collect();
-                changes.sort_unstable_by_key(|(key, _)| *key);
-                for (key, value) in changes {
-                    let g = group(key)?;
-                    match value {
-                        Some(v) => {
-                            upserts[g].extend_from_slice(&key[4..]);
-                            upserts[g].extend_from_slice(v);
+    /// As [`Frozen::encode`](super::Frozen::encode): what changed since the base in memory, or
+    /// the whole store streamed a key group at a time ([`KeyedStream`]): a whole snapshot holds one
+    /// key group's records in memory, not the state.
+    pub fn encode(self, uid: &str, incremental: bool) -> Result<Encoded, String> {
+        let DiskFrozen { view, _store, range, max_parallelism, changed, spool } = self;
+        let group = group_of(uid, range);
+        let Some(logs) = changed.filter(|_| incremental) else {
+            // Dropped in field order, the view before the store, whether or not it is produced.
+            let held = (view, _store);
+            let uid = uid.to_string();
+            let produce = move |emit: EmitGroup<'_>| {
+                let result = (|| {
+                    let view = held.0.take().map_err(|e| format!("{uid}: {e}"))?;
+                    let mut blob: Vec<u8> = Vec::new();
+                    let mut current = None;
+                    for item in view.iter() {
+                        let (k, v) = item.map_err(|e| format!("{uid}: {e}"))?;
+                        let g = range.start + group(&k)? as u32;
+                        if current != Some(g) {
+                            if let Some(c) = current {
+                                emit(c, &blob)?;
+                                blob.clear();
+                            }
+                            current = Some(g);
                         }
-                        None => removes[g].extend_from_slice(&key[4..]),
+                        blob.extend_from_slice(&k[4..]);
+                        blob.extend_from_slice(&v);
                     }
+                    match current {
+                        Some(c) => emit(c, &blob),
+                        None => Ok(()),
+                    }
+                })();
+                drop(held);
+                result
+            };
+            return Ok(Encoded::Stream(KeyedStream { max_parallelism, range, spool, produce: Box::new(produce) }));
+        };
+        // The writes since the base, from the flushes' logs (oldest first): the latest write of a
+        // key is its value in the view.
+        view.take().map_err(|e| format!("{uid}: {e}"))?;
+        drop(view);
+        let groups_len = range.len() as usize;
+        let mut upserts: Vec<Vec<u8>> = vec![Vec::new(); groups_len];
+        let mut removes: Vec<Vec<u8>> = vec![Vec::new(); groups_len];
+        let mut written: Vec<WriteLog> = Vec::new();
+        for flush in logs.iter().flat_map(|interval| interval.iter()) {
+            written.push(flush.get().map_err(|e| format!("{uid}: {e}"))?);
+        }
+        let mut latest: HashMap<&[u8], Option<&[u8]>> = HashMap::new();
+        for log in &written {
+            read_log(log, |key, value| {
+                latest.insert(key, value);
+            })
+            .map_err(|e| format!("{uid}: {e}"))?;
+        }
+        let mut changes: Vec<(&[u8], Option<&[u8]>)> = latest.into_iter().collect();
+        changes.sort_unstable_by_key(|(key, _)| *key);
+        for (key, value) in changes {
+            let g = group(key)?;
+            match value {
+                Some(v) => {
+                    upserts[g].extend_from_slice(&key[4..]);
+                    upserts[g].extend_from_slice(v);
                 }
-            }
-            None => {
-                for item in view.iter() {
-                    let (k, v) = item.map_err(store)?;
-                    let g = group(&k)?;
-                    upserts[g].extend_from_slice(&k[4..]);
-                    upserts[g].extend_from_slice(&v);
-                }
+                None => removes[g].extend_from_slice(&key[4..]),
             }
         }
-        Ok(ElementState::keyed(range.start, self.max_parallelism, upserts, changed.map(|_| removes)))
+        Ok(ElementState::keyed(range.start, max_parallelism, upserts, Some(removes)).into())
+    }
+}
+
+/// The index in `range` of a stored key's group.
+fn group_of(uid: &str, range: KeyGroupRange) -> impl Fn(&[u8]) -> Result<usize, String> + Send + 'static {
+    let uid = uid.to_string();
+    move |key: &[u8]| {
+        let kg = key.get(..4).map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")));
+        match kg {
+            // Invariant: only keys of the task's own groups were stored.
+            Some(kg) if range.contains(KeyGroup(kg)) => Ok((kg - range.start) as usize),
+            _ => Err(format!("{uid}: the local state store holds a key outside key groups {range:?}")),
+        }
     }
 }
 
@@ -468,7 +498,7 @@ pub(crate) struct DiskImage {
 }
 
 impl StateImage for DiskImage {
-    fn encode(self: Box<Self>, incremental: bool) -> Result<ElementState, String> {
+    fn encode(self: Box<Self>, incremental: bool) -> Result<Encoded, String> {
         self.frozen.encode(&self.uid, incremental)
     }
 }

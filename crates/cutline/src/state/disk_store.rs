@@ -130,7 +130,7 @@ pub(super) fn remove_orphans(dir: &Path) {
     for e in entries.flatten() {
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
-        let stem = name.strip_suffix(".store").or_else(|| name.strip_suffix(".redb"));
+        let stem = [".store", ".redb", ".spool"].iter().find_map(|suffix| name.strip_suffix(suffix));
         let Some((pid, _)) = stem.and_then(|n| n.split_once('-')) else { continue };
         let Ok(pid) = pid.parse::<i32>() else { continue };
         // SAFETY: kill with signal 0 only checks whether the process exists.

@@ -38,7 +38,7 @@ fn reads_writes_and_removes_agree_with_a_hash_map_through_flushes() {
             }
         }
         let frozen = m.freeze(CheckpointId(1), None).unwrap();
-        assert_eq!(decode(frozen.encode("op", true).unwrap()), sorted(&model), "cache of {cache}");
+        assert_eq!(decode(frozen.encode("op", true).unwrap().into_element()), sorted(&model), "cache of {cache}");
     }
 }
 
@@ -59,7 +59,7 @@ impl Snapshotted for DiskMap<u64, u64> {
         frozen
     }
     fn encode_frozen(frozen: Self::Frozen, incremental: bool) -> ElementState {
-        frozen.encode("op", incremental).unwrap()
+        frozen.encode("op", incremental).unwrap().into_element()
     }
 }
 
@@ -88,7 +88,7 @@ fn writes_during_a_restore_are_not_logged_and_the_next_snapshot_is_whole() {
     assert!(m.interval.is_empty(), "the restored keys are not logged");
     let frozen = m.freeze(CheckpointId(7), Some(CheckpointId(6))).unwrap();
     assert!(!frozen.can_be_incremental(), "nothing was frozen for the base");
-    assert_eq!(decode(frozen.encode("op", true).unwrap()).len(), 1_000);
+    assert_eq!(decode(frozen.encode("op", true).unwrap().into_element()).len(), 1_000);
 }
 
 #[test]
@@ -106,7 +106,7 @@ fn end_of_input_sees_every_key_and_its_changes_are_kept() {
     })
     .unwrap();
     assert_eq!(seen, 100);
-    let got = decode(m.freeze(CheckpointId(1), None).unwrap().encode("op", false).unwrap());
+    let got = decode(m.freeze(CheckpointId(1), None).unwrap().encode("op", false).unwrap().into_element());
     assert_eq!(got, (0..100u64).filter(|k| k % 2 == 1).map(|k| (k, k * 10)).collect::<Vec<_>>());
 }
 
@@ -125,7 +125,7 @@ fn snapshots_stay_incremental_however_much_was_logged_before_their_base_regressi
         let base = (checkpoint > 1).then(|| CheckpointId(checkpoint - 1));
         let frozen = m.freeze(CheckpointId(checkpoint), base).unwrap();
         assert_eq!(frozen.can_be_incremental(), base.is_some(), "checkpoint {checkpoint}");
-        if let ElementState::KeyedDelta { groups, .. } = frozen.encode("op", true).unwrap() {
+        if let ElementState::KeyedDelta { groups, .. } = frozen.encode("op", true).unwrap().into_element() {
             logged += groups.iter().map(|(_, upserts, _)| upserts.len()).sum::<usize>();
         }
     }
@@ -151,7 +151,7 @@ fn end_of_input_rewrites_only_what_it_changed_regression_792_mb_peak() {
     .unwrap();
     let frozen = m.freeze(CheckpointId(2), Some(CheckpointId(1))).unwrap();
     assert!(frozen.can_be_incremental());
-    match frozen.encode("op", true).unwrap() {
+    match frozen.encode("op", true).unwrap().into_element() {
         ElementState::KeyedDelta { groups, .. } => {
             let written: usize = groups.iter().map(|(_, upserts, _)| upserts.len()).sum();
             let key_7 = postcard::to_allocvec(&7u64).unwrap().len() + postcard::to_allocvec(&70u64).unwrap().len();
@@ -170,7 +170,7 @@ fn the_store_file_goes_with_the_map_and_its_snapshots() {
     let files = || std::fs::read_dir(dir.path()).unwrap().count();
     drop(m);
     assert_eq!(files(), 1, "a snapshot still reads it");
-    assert_eq!(decode(frozen.encode("op", false).unwrap()), [(1, 1)]);
+    assert_eq!(decode(frozen.encode("op", false).unwrap().into_element()), [(1, 1)]);
     assert_eq!(files(), 0);
 }
 
@@ -181,6 +181,7 @@ fn stores_of_processes_that_are_gone_are_removed() {
     std::fs::write(dir.path().join("4194305-job-op-0-1.redb"), b"left by a killed process").unwrap();
     std::fs::create_dir(dir.path().join("4194305-job-op-0-2.store")).unwrap();
     std::fs::write(dir.path().join("4194305-job-op-0-2.store/1.jnl"), b"left by a killed process").unwrap();
+    std::fs::write(dir.path().join("4194305-job-op-0-2.7.spool"), b"a whole snapshot being written").unwrap();
     std::fs::write(dir.path().join("4194305-other"), b"not a store").unwrap();
     std::fs::write(dir.path().join("notes.txt"), b"not ours").unwrap();
     let m = disk(dir.path(), 16);
@@ -256,7 +257,10 @@ fn groups_restored_in_key_order_read_back_and_snapshot_as_they_were_written() {
     for (k, v) in model.iter().take(100) {
         assert_eq!(m.get_mut(k).unwrap().cloned().flatten(), Some(*v));
     }
-    assert_eq!(decode(m.freeze(CheckpointId(1), None).unwrap().encode("op", false).unwrap()), sorted(&model));
+    assert_eq!(
+        decode(m.freeze(CheckpointId(1), None).unwrap().encode("op", false).unwrap().into_element()),
+        sorted(&model)
+    );
     // A store the task already wrote to is not filled around its cache.
     m.track_changes(false).unwrap();
     assert!(m.restore_sorted(0, &[]).unwrap_err().contains("already written"));
@@ -341,7 +345,10 @@ fn a_task_reads_and_writes_restored_groups_before_the_writer_has_written_them() 
             assert_eq!(m.get_mut(k).unwrap().cloned().flatten(), model.get(k).copied(), "key {k}");
         }
     }
-    assert_eq!(decode(m.freeze(CheckpointId(1), None).unwrap().encode("op", false).unwrap()), sorted(&model));
+    assert_eq!(
+        decode(m.freeze(CheckpointId(1), None).unwrap().encode("op", false).unwrap().into_element()),
+        sorted(&model)
+    );
     assert_eq!(pending.filled(), pending.len());
     m.write_all().unwrap();
     assert!(m.pending.is_none(), "the groups are dropped once the view holds them");
@@ -403,4 +410,38 @@ fn restore_speed() {
         n as f64 / in_order.as_secs_f64() / 1e3,
         by_key.as_secs_f64() / in_order.as_secs_f64()
     );
+}
+
+#[test]
+fn a_whole_snapshot_is_built_in_a_spool_file_next_to_the_store_and_only_then() {
+    use crate::state::snapshot::{Encoded, SnapshotBuilder};
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = disk(dir.path(), 100);
+    let model: HashMap<u64, u64> = (0..5_000u64).map(|k| (k, k * 3)).collect();
+    for (&k, &v) in &model {
+        m.put(k, v);
+    }
+    let spools = || {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "spool"))
+            .count()
+    };
+    let whole = m.freeze(CheckpointId(1), None).unwrap();
+    assert!(matches!(whole.encode("op", true), Ok(Encoded::Stream(_))), "a snapshot with no base is streamed");
+    m.put(1, 1);
+    let mut snap = SnapshotBuilder::default();
+    snap.add(
+        "op",
+        Box::new(DiskImage { uid: "op".into(), frozen: m.freeze(CheckpointId(2), Some(CheckpointId(1))).unwrap() }),
+    );
+    let (frame, delta) = snap.encode(true).unwrap();
+    assert!(delta && !frame.is_spooled(), "what changed is framed in memory");
+    let mut snap = SnapshotBuilder::default();
+    snap.add("op", Box::new(DiskImage { uid: "op".into(), frozen: m.freeze(CheckpointId(3), None).unwrap() }));
+    let (frame, delta) = snap.encode(false).unwrap();
+    assert!(!delta && frame.is_spooled(), "a whole snapshot is spooled");
+    assert_eq!(spools(), 1, "in the state directory");
+    drop(frame);
+    assert_eq!(spools(), 0, "and removed with its frame");
 }

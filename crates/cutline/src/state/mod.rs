@@ -39,7 +39,7 @@ pub use hash::{splitmix64, stable_hash, StableHasher};
 pub(crate) use restore::RestoredPart;
 pub(crate) use restore::{merge_group, KeyedLayer, RestoreIndex};
 pub(crate) use schema::{Evolve, Migration, StateSchema};
-pub(crate) use snapshot::{encode_plain, ElementState, PlainImage, SnapshotBuilder, StateImage};
+pub(crate) use snapshot::{encode_plain, ElementState, Encoded, PlainImage, SnapshotBuilder, StateImage};
 
 /// Trait bounds of keys.
 pub trait Key: Hash + Eq + Clone + Send + Sync + Serialize + DeserializeOwned + 'static {}

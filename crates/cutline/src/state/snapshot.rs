@@ -7,6 +7,7 @@ use cutline_storage::TaskStateFrame;
 use serde::ser::{Error as _, SerializeSeq, SerializeStruct, SerializeStructVariant};
 use serde::{Deserialize, Serialize, Serializer};
 use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
 
 /// A state element's encoded form in a task's state file.
 #[derive(Debug, Serialize, Deserialize)]
@@ -56,6 +57,59 @@ impl ElementState {
     }
 }
 
+/// What a [`StateImage`] encodes to: an element's state in memory, or whole keyed state that is
+/// written to the task's file a key group at a time ([`KeyedStream`]).
+pub(crate) enum Encoded {
+    Element(ElementState),
+    /// Only the disk backend (feature `spill`) streams.
+    #[cfg_attr(not(feature = "spill"), allow(dead_code))]
+    Stream(KeyedStream),
+}
+
+impl From<ElementState> for Encoded {
+    fn from(e: ElementState) -> Self {
+        Encoded::Element(e)
+    }
+}
+
+#[cfg(all(test, feature = "spill"))]
+impl Encoded {
+    /// The element, a stream's groups collected in memory (its empty groups left out, as
+    /// [`ElementState::keyed`] does).
+    pub fn into_element(self) -> ElementState {
+        match self {
+            Encoded::Element(e) => e,
+            Encoded::Stream(stream) => {
+                let mut groups = Vec::new();
+                (stream.produce)(&mut |kg, blob| {
+                    groups.push((kg, blob.to_vec()));
+                    Ok(())
+                })
+                .expect("produced");
+                ElementState::Keyed { max_parallelism: stream.max_parallelism, groups }
+            }
+        }
+    }
+}
+
+/// Calls its argument with each non-empty key group's blob (concatenated `(key, value)` records),
+/// in ascending key group order; stops at the first error.
+pub(crate) type ProduceGroups = Box<dyn FnOnce(EmitGroup<'_>) -> Result<(), String> + Send>;
+
+/// Takes one key group's blob; an error stops the producer, which returns it.
+pub(crate) type EmitGroup<'a> = &'a mut dyn FnMut(u32, &[u8]) -> Result<(), String>;
+
+/// Whole keyed state of the key groups `range` that is never held whole: it is written as it is
+/// produced, into a task state file built in the scratch file `spool` (see
+/// [`TaskStateFrame::spool`]). Its bytes are those of [`ElementState::Keyed`] with every group of
+/// the range listed, empty ones too.
+pub(crate) struct KeyedStream {
+    pub max_parallelism: u32,
+    pub range: cutline_core::KeyGroupRange,
+    pub spool: std::path::PathBuf,
+    pub produce: ProduceGroups,
+}
+
 /// The payload of one task state file.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct TaskStatePayload {
@@ -67,7 +121,7 @@ pub(crate) struct TaskStatePayload {
 pub(crate) trait StateImage: Send {
     /// Its encoded form: whole, or only what changed since the base checkpoint if `incremental`
     /// allows it and the image can (see [`SnapshotBuilder::base`]).
-    fn encode(self: Box<Self>, incremental: bool) -> Result<ElementState, String>;
+    fn encode(self: Box<Self>, incremental: bool) -> Result<Encoded, String>;
 }
 
 /// Collects the state images of a task's chain elements at a barrier.
@@ -100,8 +154,70 @@ impl SnapshotBuilder {
         for (uid, img) in self.images {
             elements.push((uid, img.encode(incremental)?));
         }
-        let delta = elements.iter().any(|(_, e)| e.is_delta());
-        Ok((frame_payload(elements)?, delta))
+        let delta = elements.iter().any(|(_, e)| matches!(e, Encoded::Element(e) if e.is_delta()));
+        Ok((frame_encoded(elements)?, delta))
+    }
+}
+
+/// The task state file of `elements`: built in a scratch file if one of them is streamed (at the
+/// first streamed element's `spool` path), else in memory ([`frame_payload`]).
+fn frame_encoded(elements: Vec<(String, Encoded)>) -> Result<TaskStateFrame, String> {
+    let spool = elements.iter().find_map(|(_, e)| match e {
+        Encoded::Stream(s) => Some(s.spool.clone()),
+        Encoded::Element(_) => None,
+    });
+    let Some(spool) = spool else {
+        let elements = elements
+            .into_iter()
+            .map(|(uid, e)| match e {
+                Encoded::Element(e) => (uid, e),
+                Encoded::Stream(_) => unreachable!("no element is streamed"),
+            })
+            .collect();
+        return frame_payload(elements);
+    };
+    // Postcard keeps no message of a serializer's error: a producer's is kept here.
+    let failure = Arc::new(Mutex::new(None::<String>));
+    let elements: Vec<(String, Encoded)> = elements
+        .into_iter()
+        .map(|(uid, e)| match e {
+            Encoded::Stream(mut stream) => {
+                let (produce, failure) = (stream.produce, failure.clone());
+                stream.produce = Box::new(move |emit| {
+                    produce(emit).inspect_err(|e| *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone()))
+                });
+                (uid, Encoded::Stream(stream))
+            }
+            element => (uid, element),
+        })
+        .collect();
+    let payload = Draining(RefCell::new(elements));
+    let framed = TaskStateFrame::spool(&spool, |w| {
+        let mut w = KeepError { inner: w, error: None };
+        match postcard::to_io(&payload, &mut w) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(w.error.take().unwrap_or_else(|| std::io::Error::other(e))),
+        }
+    });
+    framed.map_err(|e| match failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        Some(failure) => format!("encoding task state: {failure}"),
+        None => format!("encoding task state: {e}"),
+    })
+}
+
+/// A writer that keeps the I/O error it returned (postcard reports only that there was one).
+struct KeepError<'a> {
+    inner: &'a mut dyn std::io::Write,
+    error: Option<std::io::Error>,
+}
+
+impl std::io::Write for KeepError<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.inner.write(buf).inspect_err(|e| self.error = Some(std::io::Error::new(e.kind(), e.to_string())))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush().inspect_err(|e| self.error = Some(std::io::Error::new(e.kind(), e.to_string())))
     }
 }
 
@@ -125,7 +241,8 @@ pub(crate) fn frame_payload(elements: Vec<(String, ElementState)>) -> Result<Tas
         })
         .sum::<usize>()
         + 10;
-    let payload = Draining(RefCell::new(elements));
+    let payload =
+        Draining(RefCell::new(elements.into_iter().map(|(uid, e)| (uid, Encoded::Element(e))).collect::<Vec<_>>()));
     TaskStateFrame::build(capacity, |buf| postcard::to_extend(&payload, buf))
         .map_err(|e| format!("encoding task state: {e}"))
 }
@@ -134,7 +251,7 @@ pub(crate) fn frame_payload(elements: Vec<(String, ElementState)>) -> Result<Tas
 /// sequence of bytes alike), taking the elements out as it goes. Serialize it once.
 struct Draining<T>(RefCell<T>);
 
-impl Serialize for Draining<Vec<(String, ElementState)>> {
+impl Serialize for Draining<Vec<(String, Encoded)>> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let elements = std::mem::take(&mut *self.0.borrow_mut());
         let mut payload = s.serialize_struct("TaskStatePayload", 1)?;
@@ -144,7 +261,7 @@ impl Serialize for Draining<Vec<(String, ElementState)>> {
 }
 
 /// The elements of a [`TaskStatePayload`], each taken out as it is written.
-struct DrainingSeq(RefCell<Vec<(String, ElementState)>>);
+struct DrainingSeq(RefCell<Vec<(String, Encoded)>>);
 
 impl Serialize for DrainingSeq {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -157,9 +274,18 @@ impl Serialize for DrainingSeq {
     }
 }
 
-impl Serialize for Draining<Option<ElementState>> {
+impl Serialize for Draining<Option<Encoded>> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let Some(state) = self.0.borrow_mut().take() else { return Err(S::Error::custom("serialized twice")) };
+        let state = match state {
+            Encoded::Element(state) => state,
+            Encoded::Stream(stream) => {
+                let mut v = s.serialize_struct_variant("ElementState", 1, "Keyed", 2)?;
+                v.serialize_field("max_parallelism", &stream.max_parallelism)?;
+                v.serialize_field("groups", &StreamedGroups(RefCell::new(Some(stream))))?;
+                return v.end();
+            }
+        };
         match state {
             ElementState::Keyed { max_parallelism, groups } => {
                 let mut v = s.serialize_struct_variant("ElementState", 1, "Keyed", 2)?;
@@ -209,6 +335,50 @@ impl<G: GroupBlobs> Serialize for DrainingGroups<G> {
     }
 }
 
+/// The groups of a [`KeyedStream`], written as they are produced, the empty ones between them too.
+struct StreamedGroups(RefCell<Option<KeyedStream>>);
+
+impl Serialize for StreamedGroups {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let Some(stream) = self.0.borrow_mut().take() else { return Err(S::Error::custom("serialized twice")) };
+        let (start, end) = (stream.range.start, stream.range.end);
+        let mut seq = s.serialize_seq(Some(stream.range.len() as usize))?;
+        let mut next = start;
+        let mut failed: Option<S::Error> = None;
+        let mut write = |kg: u32, blob: &[u8]| -> Result<(), String> {
+            // Invariant: each group once, in order, inside the range (the sequence's length is
+            // written first, and a reader trusts it).
+            if kg < next || kg >= end {
+                return Err(format!("key group {kg} produced out of order or outside {start}..{end}"));
+            }
+            let mut put = |kg: u32, blob: &[u8]| {
+                seq.serialize_element(&(kg, Bytes(blob))).map_err(|e| {
+                    let message = e.to_string();
+                    failed = Some(e);
+                    message
+                })
+            };
+            while next < kg {
+                put(next, &[])?;
+                next += 1;
+            }
+            put(kg, blob)?;
+            next += 1;
+            Ok(())
+        };
+        let produced = (stream.produce)(&mut write);
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        produced.map_err(S::Error::custom)?;
+        while next < end {
+            seq.serialize_element(&(next, Bytes(&[])))?;
+            next += 1;
+        }
+        seq.end()
+    }
+}
+
 struct Bytes<'a>(&'a [u8]);
 
 impl Serialize for Bytes<'_> {
@@ -221,8 +391,8 @@ impl Serialize for Bytes<'_> {
 pub(crate) struct PlainImage(pub Vec<u8>);
 
 impl StateImage for PlainImage {
-    fn encode(self: Box<Self>, _incremental: bool) -> Result<ElementState, String> {
-        Ok(ElementState::Plain(self.0))
+    fn encode(self: Box<Self>, _incremental: bool) -> Result<Encoded, String> {
+        Ok(ElementState::Plain(self.0).into())
     }
 }
 

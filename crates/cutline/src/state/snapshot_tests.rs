@@ -1,5 +1,7 @@
-use super::{frame_payload, ElementState, TaskStatePayload};
-use cutline_storage::TaskStateFrame;
+use super::{frame_encoded, frame_payload, ElementState, Encoded, KeyedStream, TaskStatePayload};
+use cutline_core::{CheckpointId, KeyGroupRange, OperatorId, SubtaskIndex};
+use cutline_storage::{CheckpointStore, LocalDirStore, TaskStateFrame};
+use std::path::Path;
 
 fn blob(seed: usize, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 31 + seed) as u8).collect()
@@ -33,7 +35,7 @@ fn elements() -> Vec<(String, ElementState)> {
 fn a_frame_built_as_blobs_are_let_go_of_holds_the_payload_postcard_writes() {
     let expected = postcard::to_allocvec(&TaskStatePayload { elements: elements() }).unwrap();
     let built = frame_payload(elements()).unwrap();
-    assert_eq!(built.bytes(), TaskStateFrame::new(&expected).bytes());
+    assert_eq!(built.bytes().unwrap(), TaskStateFrame::new(&expected).bytes().unwrap());
     let back: TaskStatePayload = postcard::from_bytes(&expected).unwrap();
     assert_eq!(format!("{:?}", back.elements), format!("{:?}", elements()));
 }
@@ -43,6 +45,67 @@ fn each_element_alone_frames_as_postcard_writes_it() {
     for element in elements() {
         let expected = postcard::to_allocvec(&TaskStatePayload { elements: vec![element] }).unwrap();
         let element = postcard::from_bytes::<TaskStatePayload>(&expected).unwrap().elements;
-        assert_eq!(frame_payload(element).unwrap().bytes(), TaskStateFrame::new(&expected).bytes());
+        assert_eq!(frame_payload(element).unwrap().bytes().unwrap(), TaskStateFrame::new(&expected).bytes().unwrap());
+    }
+}
+
+/// A streamed element of groups 8..16 that produces `groups` as they are given.
+fn streamed(spool: &Path, groups: Vec<(u32, Vec<u8>)>, fail: Option<&'static str>) -> Encoded {
+    Encoded::Stream(KeyedStream {
+        max_parallelism: 128,
+        range: KeyGroupRange { start: 8, end: 16 },
+        spool: spool.to_path_buf(),
+        produce: Box::new(move |emit| {
+            for (kg, blob) in &groups {
+                emit(*kg, blob)?;
+            }
+            fail.map_or(Ok(()), |e| Err(e.to_string()))
+        }),
+    })
+}
+
+#[test]
+fn a_streamed_element_is_built_in_a_file_and_stored_as_the_whole_keyed_state_of_its_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("task.spool");
+    let produced = vec![(9, blob(1, 300)), (10, blob(2, 5)), (14, blob(3, 70_000))];
+    let frame = frame_encoded(vec![
+        ("source".into(), ElementState::Plain(blob(4, 9)).into()),
+        ("count".into(), streamed(&spool, produced.clone(), None)),
+    ])
+    .unwrap();
+    assert!(frame.is_spooled() && spool.exists(), "built in the spool file");
+    // What a reader expects: every group of the range, in order, the empty ones too.
+    let groups = (8..16).map(|kg| (kg, produced.iter().find(|(g, _)| *g == kg).map_or(Vec::new(), |(_, b)| b.clone())));
+    let expected = TaskStatePayload {
+        elements: vec![
+            ("source".into(), ElementState::Plain(blob(4, 9))),
+            ("count".into(), ElementState::Keyed { max_parallelism: 128, groups: groups.collect() }),
+        ],
+    };
+    let store = LocalDirStore::open(dir.path().join("store")).unwrap();
+    let at = (CheckpointId(1), OperatorId::new("op"), SubtaskIndex(0));
+    let handle = store.write_task_frame(at.0, &at.1, at.2, 1, None, &frame).unwrap();
+    drop(frame);
+    assert!(!spool.exists(), "the spool file goes with its frame");
+    assert_eq!(store.read_task_state(&handle).unwrap(), postcard::to_allocvec(&expected).unwrap());
+}
+
+#[test]
+fn a_stream_that_fails_or_gives_its_groups_out_of_order_is_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let spool = dir.path().join("task.spool");
+    let cases = [
+        (vec![(9, blob(1, 3))], Some("the store failed"), "the store failed"),
+        (vec![(10, blob(1, 3)), (9, blob(1, 3))], None, "out of order"),
+        (vec![(9, blob(1, 3)), (9, blob(1, 3))], None, "out of order"),
+        (vec![(16, blob(1, 3))], None, "outside 8..16"),
+    ];
+    for (groups, fail, error) in cases {
+        let Err(e) = frame_encoded(vec![("count".into(), streamed(&spool, groups, fail))]) else {
+            panic!("expected {error}")
+        };
+        assert!(e.contains(error), "{e}");
+        assert!(!spool.exists());
     }
 }
