@@ -4,8 +4,8 @@
 //! whole. The layout is [`format`](crate::format)'s; a spooled frame's length and checksum are
 //! computed as the payload streams past, and the header's length is patched in at the end.
 //!
-//! **Invariant:** a spooled frame's file is complete and checked (its length, its checksum) before the
-//! frame exists, it is only read after, and it is removed when the frame is dropped.
+//! **Invariant:** a spooled frame's file is complete (header with its length, payload, checksum)
+//! before the frame exists, it is only read after, and it is removed when the frame is dropped.
 
 use crate::error::StorageError;
 use crate::format::{encode_frame, task_state_header, FileKind, CRC_LEN, MAGIC, V1_HEADER_LEN};
