@@ -29,10 +29,10 @@ pub(crate) trait Files: Send + Sync {
     /// that can write as it reads overrides it.
     fn put_from(&self, rel: &str, src: &mut dyn std::io::Read, len: u64) -> Result<(), StorageError> {
         let mut bytes = Vec::with_capacity(len as usize);
-        src.read_to_end(&mut bytes).map_err(|e| StorageError::io(self.display_path(rel), "read spool", e))?;
+        src.read_to_end(&mut bytes).map_err(|e| StorageError::io(self.display_path(rel), "read the source of", e))?;
         if bytes.len() as u64 != len {
             let e = std::io::Error::other(format!("read {} of {len} bytes", bytes.len()));
-            return Err(StorageError::io(self.display_path(rel), "read spool", e));
+            return Err(StorageError::io(self.display_path(rel), "read the source of", e));
         }
         self.put(rel, &bytes)
     }

@@ -176,6 +176,40 @@ fn frame_encoded(elements: Vec<(String, Encoded)>) -> Result<TaskStateFrame, Str
             .collect();
         return frame_payload(elements);
     };
+    // A failure that is not the file's is reported as it is, not as a failed write of the file.
+    let mut not_io = None;
+    let framed = TaskStateFrame::spool(&spool, |w| {
+        write_streamed(elements, w).map_err(|failure| match failure {
+            StreamFailure::Io(e) => e,
+            failure => {
+                let message = failure.to_string();
+                not_io = Some(message.clone());
+                std::io::Error::other(message)
+            }
+        })
+    });
+    framed.map_err(|e| match not_io {
+        Some(failure) => format!("encoding task state: {failure}"),
+        None => format!("encoding task state: {e}"),
+    })
+}
+
+/// Why writing a payload with streamed elements failed.
+#[derive(Debug, thiserror::Error)]
+enum StreamFailure {
+    /// Writing failed (the disk is full, say): what a producer then reports is only that.
+    #[error("{0}")]
+    Io(std::io::Error),
+    /// A producer failed, or gave its groups out of order.
+    #[error("{0}")]
+    Producer(String),
+    #[error("{0}")]
+    Encoding(postcard::Error),
+}
+
+/// Writes the payload of `elements` to `w`, streamed elements as they are produced. A failed write
+/// is the failure, whatever a producer or postcard made of it.
+fn write_streamed(elements: Vec<(String, Encoded)>, w: &mut dyn std::io::Write) -> Result<(), StreamFailure> {
     // Postcard keeps no message of a serializer's error: a producer's is kept here.
     let failure = Arc::new(Mutex::new(None::<String>));
     let elements: Vec<(String, Encoded)> = elements
@@ -192,17 +226,13 @@ fn frame_encoded(elements: Vec<(String, Encoded)>) -> Result<TaskStateFrame, Str
         })
         .collect();
     let payload = Draining(RefCell::new(elements));
-    let framed = TaskStateFrame::spool(&spool, |w| {
-        let mut w = KeepError { inner: w, error: None };
-        match postcard::to_io(&payload, &mut w) {
-            Ok(_) => Ok(()),
-            Err(e) => Err(w.error.take().unwrap_or_else(|| std::io::Error::other(e))),
-        }
-    });
-    framed.map_err(|e| match failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        Some(failure) => format!("encoding task state: {failure}"),
-        None => format!("encoding task state: {e}"),
-    })
+    let mut w = KeepError { inner: w, error: None };
+    let Err(e) = postcard::to_io(&payload, &mut w) else { return Ok(()) };
+    if let Some(io) = w.error.take() {
+        return Err(StreamFailure::Io(io));
+    }
+    let failure = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
+    Err(failure.map_or(StreamFailure::Encoding(e), StreamFailure::Producer))
 }
 
 /// A writer that keeps the I/O error it returned (postcard reports only that there was one).

@@ -1,4 +1,6 @@
-use super::{frame_encoded, frame_payload, ElementState, Encoded, KeyedStream, TaskStatePayload};
+use super::{
+    frame_encoded, frame_payload, write_streamed, ElementState, Encoded, KeyedStream, StreamFailure, TaskStatePayload,
+};
 use cutline_core::{CheckpointId, KeyGroupRange, OperatorId, SubtaskIndex};
 use cutline_storage::{CheckpointStore, LocalDirStore, TaskStateFrame};
 use std::path::Path;
@@ -107,5 +109,39 @@ fn a_stream_that_fails_or_gives_its_groups_out_of_order_is_no_file() {
         };
         assert!(e.contains(error), "{e}");
         assert!(!spool.exists());
+    }
+}
+
+/// A disk that fills after `room` bytes.
+struct FillingDisk {
+    room: usize,
+}
+
+impl std::io::Write for FillingDisk {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.room == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "no space left on device"));
+        }
+        let n = buf.len().min(self.room);
+        self.room -= n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_disk_that_fills_while_a_stream_is_written_is_reported_as_a_full_disk_not_as_the_producers_failure() {
+    // Regression: the producer, told only that its group could not be written, returned postcard's
+    // "serialization error", and that was the checkpoint's failure.
+    for room in [0, 5, 400] {
+        let groups = vec![(9, blob(1, 300)), (10, blob(2, 5)), (14, blob(3, 7_000))];
+        let elements = vec![("count".into(), streamed(Path::new("unused"), groups, None))];
+        match write_streamed(elements, &mut FillingDisk { room }) {
+            Err(StreamFailure::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::StorageFull, "{e}"),
+            other => panic!("with room for {room} bytes: {other:?}"),
+        }
     }
 }
