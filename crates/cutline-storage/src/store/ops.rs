@@ -81,7 +81,14 @@ fn read_state_file<F: Files>(
     if actual != crc32 {
         return Err(StorageError::ChecksumMismatch { path, expected: crc32, actual });
     }
-    Ok(decode_frame_at(&path, &bytes, FileKind::TaskState)?.payload.to_vec())
+    let payload = decode_frame_at(&path, &bytes, FileKind::TaskState)?.payload;
+    let start = payload.as_ptr() as usize - bytes.as_ptr() as usize;
+    let end = start + payload.len();
+    // The payload moved to the front of the file's own buffer: a large file is not held twice.
+    let mut bytes = bytes;
+    bytes.truncate(end);
+    bytes.drain(..start);
+    Ok(bytes)
 }
 
 pub fn commit_manifest<F: Files>(fs: &F, manifest: &Manifest) -> Result<(), StorageError> {

@@ -205,7 +205,7 @@ mod tests {
             RestoredPart {
                 subtask,
                 parallelism: 2,
-                state: ElementState::Plain(postcard::to_allocvec(&times).unwrap()),
+                state: ElementState::Plain(postcard::to_allocvec(&times).unwrap().into()),
                 deltas: vec![],
             }
         };
@@ -215,7 +215,12 @@ mod tests {
         assert!(restore_splits(&index, "other").unwrap().is_empty());
         index.elements.insert(
             splits_uid("bad"),
-            vec![RestoredPart { subtask: 0, parallelism: 1, state: ElementState::Plain(vec![0xff]), deltas: vec![] }],
+            vec![RestoredPart {
+                subtask: 0,
+                parallelism: 1,
+                state: ElementState::Plain(vec![0xff].into()),
+                deltas: vec![],
+            }],
         );
         let e = restore_splits(&index, "bad").unwrap_err();
         assert!(e.to_string().contains("decoding split times"), "{e}");

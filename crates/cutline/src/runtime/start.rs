@@ -57,7 +57,7 @@ pub(crate) fn load_checkpoint(
     for h in &manifest.tasks {
         let chain = store.read_task_chain(h)?;
         index
-            .add_task_chain(h.subtask.0, h.parallelism, &chain)
+            .add_task_chain(h.subtask.0, h.parallelism, chain)
             .map_err(|reason| RunError::Restore { checkpoint: id, reason })?;
     }
     let known: std::collections::BTreeSet<String> = graph.state_uids().into_iter().collect();

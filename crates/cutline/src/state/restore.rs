@@ -6,6 +6,48 @@ use super::snapshot::{ElementState, TaskStatePayload};
 use crate::error::TaskError;
 use cutline_core::{CheckpointId, KeyGroupRange};
 use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Part of a restored task state file's payload, which it shares: restored state is the files'
+/// bytes, held once, not decoded into copies of them.
+#[derive(Clone)]
+pub(crate) struct Blob {
+    file: Arc<Vec<u8>>,
+    start: usize,
+    end: usize,
+}
+
+impl Blob {
+    /// `part` of `file`'s bytes (a slice decoding borrowed from them).
+    fn within(file: &Arc<Vec<u8>>, part: &[u8]) -> Blob {
+        let start = (part.as_ptr() as usize).wrapping_sub(file.as_ptr() as usize);
+        assert!(
+            start <= file.len() && part.len() <= file.len() - start,
+            "a restored blob lies outside the file it was decoded from"
+        );
+        Blob { file: file.clone(), start, end: start + part.len() }
+    }
+}
+
+impl From<Vec<u8>> for Blob {
+    fn from(bytes: Vec<u8>) -> Self {
+        let end = bytes.len();
+        Blob { file: Arc::new(bytes), start: 0, end }
+    }
+}
+
+impl std::ops::Deref for Blob {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.file[self.start..self.end]
+    }
+}
+
+impl std::fmt::Debug for Blob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Blob({} bytes at {} of {})", self.end - self.start, self.start, self.file.len())
+    }
+}
 
 /// One state element of one old subtask, as found in a checkpoint.
 #[derive(Debug)]
@@ -13,9 +55,9 @@ pub(crate) struct RestoredPart {
     pub subtask: u32,
     pub parallelism: u32,
     /// Never [`ElementState::KeyedDelta`]: the incremental snapshots on top of it are in `deltas`.
-    pub state: ElementState,
+    pub state: ElementState<Blob>,
     /// Incremental snapshots of keyed state to apply on top of `state`, oldest first.
-    pub deltas: Vec<ElementState>,
+    pub deltas: Vec<ElementState<Blob>>,
 }
 
 /// One layer of a key group's restored state: apply them in the order [`RestoreIndex::keyed`]
@@ -50,16 +92,18 @@ pub(crate) struct RestoreIndex {
 
 impl RestoreIndex {
     /// One task's state: the payloads of its chain, oldest first (an incremental snapshot and the
-    /// files it builds on; a single payload for a self-contained one).
-    pub fn add_task_chain(&mut self, subtask: u32, parallelism: u32, chain: &[Vec<u8>]) -> Result<(), String> {
-        let mut current: HashMap<String, (ElementState, Vec<ElementState>)> = HashMap::new();
-        for (i, payload) in chain.iter().enumerate() {
-            let p: TaskStatePayload = postcard::from_bytes(payload)
+    /// files it builds on; a single payload for a self-contained one). The state restored is parts
+    /// of these payloads, kept as long as any of it is.
+    pub fn add_task_chain(&mut self, subtask: u32, parallelism: u32, chain: Vec<Vec<u8>>) -> Result<(), String> {
+        let mut current: HashMap<String, (ElementState<Blob>, Vec<ElementState<Blob>>)> = HashMap::new();
+        for (i, payload) in chain.into_iter().enumerate() {
+            let file = Arc::new(payload);
+            let p: TaskStatePayload<&[u8]> = postcard::from_bytes(&file)
                 .map_err(|e| format!("decoding task state (file {} of its chain): {e}", i + 1))?;
             // A file lists every element that had state at its checkpoint: those it lacks had none.
             let mut next = HashMap::with_capacity(p.elements.len());
             for (uid, state) in p.elements {
-                let resolved = match state {
+                let resolved = match state.map_blobs(|b| Blob::within(&file, b)) {
                     delta @ ElementState::KeyedDelta { .. } => {
                         let ElementState::KeyedDelta { max_parallelism, .. } = &delta else { unreachable!() };
                         let (base, mut deltas) = current.remove(&uid).unwrap_or_else(|| {
@@ -297,7 +341,7 @@ pub(crate) fn merge_group<'a, E>(
 
 #[cfg(test)]
 mod tests {
-    use super::{merge_group, KeyedLayer};
+    use super::{merge_group, ElementState, KeyedLayer, RestoreIndex, TaskStatePayload};
 
     /// Test records: a one-byte key, then a one-byte value.
     fn split(_: &[u8], with_value: bool) -> Result<(usize, usize), String> {
@@ -330,5 +374,43 @@ mod tests {
         assert_eq!(merge(&layers).unwrap(), vec![(&b"a"[..], &b"2"[..])]);
         let failing = |_: &[u8], _: bool| -> Result<(usize, usize), String> { Err("bad record".into()) };
         assert_eq!(merge_group(&[KeyedLayer::Whole(b"a1")], failing, || "twice".to_string()), Err("bad record".into()));
+    }
+
+    #[test]
+    fn restored_state_is_parts_of_the_files_it_was_read_from_not_copies_of_them() {
+        let whole: TaskStatePayload = TaskStatePayload {
+            elements: vec![
+                ("source".into(), ElementState::Plain(vec![7; 9])),
+                ("count".into(), ElementState::Keyed { max_parallelism: 128, groups: vec![(3, b"a1b1".to_vec())] }),
+            ],
+        };
+        let delta: TaskStatePayload = TaskStatePayload {
+            elements: vec![
+                ("source".into(), ElementState::Plain(vec![8; 9])),
+                (
+                    "count".into(),
+                    ElementState::KeyedDelta { max_parallelism: 128, groups: vec![(3, b"c2".to_vec(), b"a".to_vec())] },
+                ),
+            ],
+        };
+        let chain = vec![postcard::to_allocvec(&whole).unwrap(), postcard::to_allocvec(&delta).unwrap()];
+        let files: Vec<std::ops::Range<usize>> =
+            chain.iter().map(|f| f.as_ptr() as usize..f.as_ptr() as usize + f.len()).collect();
+        let mut index = RestoreIndex::default();
+        index.add_task_chain(0, 1, chain).unwrap();
+        let in_file = |file: usize, blob: &[u8]| {
+            let at = blob.as_ptr() as usize;
+            assert!(files[file].contains(&at) && at + blob.len() <= files[file].end, "a copy, not file {file}'s bytes");
+        };
+        assert_eq!(index.plain("source", 0, 1).unwrap(), Some(&[8u8; 9][..]));
+        in_file(1, index.plain("source", 0, 1).unwrap().unwrap());
+        let layers = index.keyed("count", cutline_core::KeyGroupRange { start: 0, end: 128 }, 128).unwrap();
+        let [(3, KeyedLayer::Whole(w)), (3, KeyedLayer::Delta { removes, upserts })] = &layers[..] else {
+            panic!("{layers:?}")
+        };
+        assert_eq!((*w, *removes, *upserts), (&b"a1b1"[..], &b"a"[..], &b"c2"[..]));
+        in_file(0, w);
+        in_file(1, removes);
+        in_file(1, upserts);
     }
 }

@@ -9,25 +9,42 @@ use serde::{Deserialize, Serialize, Serializer};
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
-/// A state element's encoded form in a task's state file.
+/// A state element's encoded form in a task's state file, its blobs as `B`: owned while written,
+/// parts of the file's bytes when restored ([`Blob`](super::restore::Blob)).
 #[derive(Debug, Serialize, Deserialize)]
-pub(crate) enum ElementState {
+pub(crate) enum ElementState<B = Vec<u8>> {
     /// Operator state (source offsets, sink transactions): restorable only at the same parallelism.
-    Plain(Vec<u8>),
+    Plain(B),
     /// Keyed state, one blob of concatenated `(key, value)` records per key group: redistributable.
-    Keyed { max_parallelism: u32, groups: Vec<(u32, Vec<u8>)> },
+    Keyed { max_parallelism: u32, groups: Vec<(u32, B)> },
     /// Keyed state as what changed since the same element in the file this one builds on (the
     /// previous file of the task's chain): per key group with changes, the `(key, value)` records
     /// written since (concatenated, as in `Keyed`) and the keys removed since (concatenated). Applied
     /// on top of the earlier state: removals first, then the records.
-    KeyedDelta { max_parallelism: u32, groups: Vec<(u32, Vec<u8>, Vec<u8>)> },
+    KeyedDelta { max_parallelism: u32, groups: Vec<(u32, B, B)> },
 }
 
-impl ElementState {
+impl<B> ElementState<B> {
     pub fn is_delta(&self) -> bool {
         matches!(self, ElementState::KeyedDelta { .. })
     }
 
+    /// The same state with each blob turned into `f`'s.
+    pub fn map_blobs<C>(self, mut f: impl FnMut(B) -> C) -> ElementState<C> {
+        match self {
+            ElementState::Plain(b) => ElementState::Plain(f(b)),
+            ElementState::Keyed { max_parallelism, groups } => {
+                ElementState::Keyed { max_parallelism, groups: groups.into_iter().map(|(kg, b)| (kg, f(b))).collect() }
+            }
+            ElementState::KeyedDelta { max_parallelism, groups } => ElementState::KeyedDelta {
+                max_parallelism,
+                groups: groups.into_iter().map(|(kg, u, r)| (kg, f(u), f(r))).collect(),
+            },
+        }
+    }
+}
+
+impl ElementState {
     /// Keyed state from per key group blobs, the first being group `start`'s: whole
     /// ([`ElementState::Keyed`]) from `upserts` alone, or with `removes` what changed
     /// ([`ElementState::KeyedDelta`]). Groups with nothing are left out.
@@ -110,10 +127,10 @@ pub(crate) struct KeyedStream {
     pub produce: ProduceGroups,
 }
 
-/// The payload of one task state file.
+/// The payload of one task state file (restored with its blobs borrowed from the file's bytes).
 #[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct TaskStatePayload {
-    pub elements: Vec<(String, ElementState)>,
+pub(crate) struct TaskStatePayload<B = Vec<u8>> {
+    pub elements: Vec<(String, ElementState<B>)>,
 }
 
 /// A cheap copy of one element's state, taken synchronously at the barrier and encoded off the task
