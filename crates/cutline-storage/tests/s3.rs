@@ -16,7 +16,10 @@ mod common;
 
 use common::{listing, manifest, record, write, Budget, Harness};
 use cutline_core::{CheckpointId, Generation};
-use cutline_storage::{CheckpointStore, JobMeta, RetryLimits, S3Config, S3Store, StorageError};
+use cutline_core::{OperatorId, SubtaskIndex};
+use cutline_storage::{
+    CheckpointStore, JobMeta, RetryLimits, S3Config, S3Store, StorageError, TaskStateFrame, UPLOAD_PART_BYTES,
+};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -117,6 +120,12 @@ impl Raw {
                 Err(e) => panic!("raw get {rel}: {e}"),
             }
         })
+    }
+
+    /// The object's entity tag (a multipart upload's ends in `-` and its number of parts).
+    fn e_tag(&self, rel: &str) -> String {
+        let meta = self.runtime.block_on(self.store.head(&self.key(rel))).unwrap();
+        meta.e_tag.unwrap_or_else(|| panic!("no entity tag on {rel}"))
     }
 
     fn remove(&self, rel: &str) {
@@ -420,11 +429,13 @@ fn a_server_that_ignores_conditional_writes_is_refused_at_open() {
 }
 
 /// A TCP proxy on loopback in front of the real server that can fail requests on purpose: refuse the
-/// next requests (close the connection on them), or swallow the answer to the next conditional PUT
+/// next requests, or the next PUTs only (close the connection on them), or swallow the answer to the next conditional PUT
 /// (forward it, let the server apply it, and close the connection instead of answering).
 struct Proxy {
     addr: SocketAddr,
     refuse_next: Arc<AtomicUsize>,
+    /// Whether `refuse_next` counts only PUTs (a part of a multipart upload is one).
+    refuse_puts_only: Arc<AtomicBool>,
     refused: Arc<AtomicUsize>,
     swallow_next_conditional_put: Arc<AtomicBool>,
     swallowed: Arc<AtomicUsize>,
@@ -436,11 +447,13 @@ impl Proxy {
         let proxy = Proxy {
             addr: listener.local_addr().unwrap(),
             refuse_next: Arc::default(),
+            refuse_puts_only: Arc::default(),
             refused: Arc::default(),
             swallow_next_conditional_put: Arc::default(),
             swallowed: Arc::default(),
         };
         let (refuse_next, refused) = (proxy.refuse_next.clone(), proxy.refused.clone());
+        let puts_only = proxy.refuse_puts_only.clone();
         let (swallow_next, swallowed) = (proxy.swallow_next_conditional_put.clone(), proxy.swallowed.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
@@ -450,7 +463,7 @@ impl Proxy {
                 // client -> server, deciding per request (a read that starts with a method).
                 {
                     let (mut from, mut to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                    let (refuse_next, refused) = (refuse_next.clone(), refused.clone());
+                    let (refuse_next, refused, puts_only) = (refuse_next.clone(), refused.clone(), puts_only.clone());
                     let (swallow_next, swallow_this) = (swallow_next.clone(), swallow_this.clone());
                     std::thread::spawn(move || {
                         let mut buf = vec![0u8; 64 * 1024];
@@ -463,7 +476,9 @@ impl Proxy {
                             let starts_request = [&b"GET "[..], b"PUT ", b"HEAD ", b"DELETE ", b"POST "]
                                 .iter()
                                 .any(|m| chunk.starts_with(m));
+                            let refusable = !puts_only.load(Ordering::SeqCst) || chunk.starts_with(b"PUT ");
                             if starts_request
+                                && refusable
                                 && refuse_next
                                     .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                                     .is_ok()
@@ -575,6 +590,65 @@ fn a_claim_whose_answer_was_lost_is_recognised_on_retry() {
     assert_eq!(store.latest_generation().unwrap(), Some(mine.clone()));
     assert!(matches!(store.claim_generation(&record(4, Some(2), "host-b")), Err(StorageError::GenerationTaken { .. })));
     assert!(matches!(store.claim_generation(&mine), Err(StorageError::GenerationTaken { .. })));
+}
+
+/// A store reaching the real server through a [`Proxy`], under a fresh prefix, and raw access to
+/// that prefix past the proxy.
+fn behind_a_proxy(test: &str) -> (Proxy, S3Store, Raw) {
+    let proxy = Proxy::start(server_addr(&server_config()));
+    let config = config_at(proxy.addr, test);
+    let store = S3Store::open(config.clone()).unwrap();
+    let raw = Raw::new(&server_config().with_prefix(config.prefix.clone()));
+    (proxy, store, raw)
+}
+
+/// A task state file built in a scratch file (a whole snapshot of the disk backend) and larger than
+/// a part goes up as a multipart upload, a part at a time, and reads back whole; through a server
+/// that drops requests, each part is retried alone. One no larger than a part is one PUT.
+#[test]
+fn a_spooled_state_file_larger_than_a_part_is_uploaded_in_parts_and_reads_back_whole() {
+    let (proxy, store, raw) = behind_a_proxy("multipart");
+    let dir = tempfile::tempdir().unwrap();
+    let part = UPLOAD_PART_BYTES as usize;
+    for (at, len, parts, refused) in [(1, 2 * part + 12_345, Some(3), 3), (2, part - 64, None, 0)] {
+        let mut x: u64 = at;
+        let payload: Vec<u8> = (0..len)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (x >> 56) as u8
+            })
+            .collect();
+        let frame = TaskStateFrame::spool(&dir.path().join(format!("{at}.spool")), |w| w.write_all(&payload)).unwrap();
+        assert!(frame.is_spooled());
+        proxy.refuse_puts_only.store(true, Ordering::SeqCst);
+        proxy.refuse_next.store(refused, Ordering::SeqCst); // fewer than the attempts: the first part's
+        let handle =
+            store.write_task_frame(CheckpointId(at), &OperatorId::new("op"), SubtaskIndex(0), 1, None, &frame).unwrap();
+        assert_eq!(proxy.refuse_next.load(Ordering::SeqCst), 0, "every refusal was met");
+        assert_eq!(store.read_task_state(&handle).unwrap(), payload, "{len} bytes read back");
+        let e_tag = raw.e_tag(&handle.file);
+        match parts {
+            Some(n) => assert!(e_tag.trim_matches('"').ends_with(&format!("-{n}")), "{n} parts: {e_tag}"),
+            None => assert!(!e_tag.contains('-'), "one PUT: {e_tag}"),
+        }
+    }
+    assert_eq!(proxy.refused.load(Ordering::SeqCst), 3);
+}
+
+/// A part that fails as many times as the attempts fails the write with a transient error, and the
+/// aborted upload leaves no object behind.
+#[test]
+fn a_multipart_upload_whose_part_fails_for_good_leaves_no_object() {
+    let (proxy, store, raw) = behind_a_proxy("multipart-fails");
+    let dir = tempfile::tempdir().unwrap();
+    let payload = vec![7u8; UPLOAD_PART_BYTES as usize + 1];
+    let frame = TaskStateFrame::spool(&dir.path().join("big.spool"), |w| w.write_all(&payload)).unwrap();
+    proxy.refuse_puts_only.store(true, Ordering::SeqCst);
+    proxy.refuse_next.store(4, Ordering::SeqCst); // as many as the attempts
+    let err =
+        store.write_task_frame(CheckpointId(1), &OperatorId::new("op"), SubtaskIndex(0), 1, None, &frame).unwrap_err();
+    assert_eq!(remote_parts(&err), (None, true, 4), "{err}");
+    assert_eq!(raw.files(), Vec::<String>::new(), "no object, whole or in part");
 }
 
 #[test]

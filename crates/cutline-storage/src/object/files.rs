@@ -4,7 +4,7 @@
 use super::request::{is_missing_bucket, jitter};
 use super::S3Store;
 use crate::error::StorageError;
-use crate::store::{impl_checkpoint_store, Entry, Files};
+use crate::store::{impl_checkpoint_store, read_source, Entry, Files};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use std::path::PathBuf;
@@ -46,6 +46,15 @@ impl Files for S3Store {
         let key = self.key(rel)?;
         let payload = PutPayload::from(bytes.to_vec());
         self.retrying(|| self.store.put(&key, payload.clone())).map(|_| ()).map_err(|f| self.failed("write", rel, f))
+    }
+
+    /// Up to [`UPLOAD_PART_BYTES`](super::upload::UPLOAD_PART_BYTES): read whole, then one PUT.
+    /// Larger: a multipart upload, holding one part at a time.
+    fn put_from(&self, rel: &str, src: &mut dyn std::io::Read, len: u64) -> Result<(), StorageError> {
+        if len <= super::upload::UPLOAD_PART_BYTES {
+            return self.put(rel, &read_source(&self.display_path(rel), src, len)?);
+        }
+        self.put_in_parts(rel, src, len)
     }
 
     fn put_new(&self, rel: &str, bytes: &[u8]) -> Result<bool, StorageError> {

@@ -41,17 +41,22 @@
 //! `object_store` is async; [`S3Store`] drives it on a private current-thread tokio runtime with
 //! `block_on`, because [`crate::CheckpointStore`] is synchronous. Calling it from inside another
 //! tokio runtime panics (tokio refuses nested `block_on`): the engine calls stores from its own
-//! threads. Objects are written with a single PUT, so one task state is limited to S3's 5 GiB.
+//! threads. Objects are written with a single PUT (at most 5 GiB), except task state files built
+//! in a scratch file, which go up in parts (`upload.rs`; a process killed mid-upload leaves parts
+//! that only the bucket's `AbortIncompleteMultipartUpload` lifecycle rule removes).
 
 //!
 //! Submodules: `config` ([`S3Config`], [`RetryLimits`]), `request` (the runtime that drives
-//! `object_store`, retries and the classification of failures) and `files` (the `Files` primitives).
+//! `object_store`, retries and the classification of failures), `files` (the `Files` primitives)
+//! and `upload` (multipart uploads from a reader).
 
 mod config;
 mod files;
 mod request;
+mod upload;
 
 pub use config::{RetryLimits, S3Config};
+pub use upload::{MAX_UPLOAD_PARTS, UPLOAD_PART_BYTES};
 
 use crate::error::StorageError;
 use crate::store::Files;
@@ -66,8 +71,11 @@ use std::path::PathBuf;
 ///
 /// - Writes: manifests and generation records are created with a conditional PUT
 ///   (`If-None-Match: *`), so of two writers exactly one wins ([`S3Store::open`] refuses a server
-///   that ignores the condition); every other file is one plain PUT, visible whole or not at all.
-///   One task state is therefore at most 5 GiB (S3's limit of one PUT).
+///   that ignores the condition); every other file is one plain PUT, visible whole or not at all,
+///   except a task state file built in a scratch file and larger than [`UPLOAD_PART_BYTES`]: a
+///   multipart upload, one part in memory at a time, each part retried alone, visible when the
+///   upload completes (aborted if it fails). A task state file held in memory is at most 5 GiB
+///   (S3's limit of one PUT); one uploaded in parts, [`MAX_UPLOAD_PARTS`] parts.
 /// - Failures: connection errors, timeouts and 5xx/429/408 answers are retried with exponential
 ///   backoff and jitter within [`RetryLimits`] ([`S3Config::retry`]), then reported as
 ///   [`StorageError::Remote`] with `transient: true`; refusals (401/403, a missing bucket, other 4xx)

@@ -28,13 +28,7 @@ pub(crate) trait Files: Send + Sync {
     /// `put` of the `len` bytes `src` reads. This default reads them into memory first; a store
     /// that can write as it reads overrides it.
     fn put_from(&self, rel: &str, src: &mut dyn std::io::Read, len: u64) -> Result<(), StorageError> {
-        let mut bytes = Vec::with_capacity(len as usize);
-        src.read_to_end(&mut bytes).map_err(|e| StorageError::io(self.display_path(rel), "read the source of", e))?;
-        if bytes.len() as u64 != len {
-            let e = std::io::Error::other(format!("read {} of {len} bytes", bytes.len()));
-            return Err(StorageError::io(self.display_path(rel), "read the source of", e));
-        }
-        self.put(rel, &bytes)
+        self.put(rel, &read_source(&self.display_path(rel), src, len)?)
     }
     /// Like `put`, but never replaces: `Ok(false)` if the file already exists.
     fn put_new(&self, rel: &str, bytes: &[u8]) -> Result<bool, StorageError>;
@@ -154,3 +148,18 @@ macro_rules! impl_checkpoint_store {
     };
 }
 pub(crate) use impl_checkpoint_store;
+
+/// The `len` bytes `src` reads, for a `put_from` to the file at `path` (named in the error).
+pub(crate) fn read_source(
+    path: &std::path::Path,
+    src: &mut dyn std::io::Read,
+    len: u64,
+) -> Result<Vec<u8>, StorageError> {
+    let mut bytes = Vec::with_capacity(len as usize);
+    src.read_to_end(&mut bytes).map_err(|e| StorageError::io(path, "read the source of", e))?;
+    if bytes.len() as u64 != len {
+        let e = std::io::Error::other(format!("read {} of {len} bytes", bytes.len()));
+        return Err(StorageError::io(path, "read the source of", e));
+    }
+    Ok(bytes)
+}

@@ -18,6 +18,8 @@ pub(crate) mod layout;
 pub(crate) mod ops;
 pub(crate) mod stats;
 
+#[cfg(feature = "s3")]
+pub(crate) use files::read_source;
 pub(crate) use files::{impl_checkpoint_store, Entry, Files};
 
 use crate::error::StorageError;

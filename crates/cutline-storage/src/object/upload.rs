@@ -1,0 +1,89 @@
+//! Large objects written from a reader in parts (S3's multipart upload), so that a task state file
+//! built in a scratch file ([`crate::TaskStateFrame::spool`]) is never held whole in memory on its
+//! way to the bucket.
+
+use super::S3Store;
+use crate::error::StorageError;
+use crate::store::Files;
+use object_store::multipart::{MultipartStore, PartId};
+use object_store::PutPayload;
+use std::io::Read;
+
+/// The size of each part of an upload but the last, unless the object is too large for
+/// [`MAX_UPLOAD_PARTS`] of it (then the parts are larger). Objects up to this size are one PUT.
+/// S3 wants at least 5 MiB per part but the last; some stores (Cloudflare R2) want them all equal.
+pub const UPLOAD_PART_BYTES: u64 = 8 << 20;
+
+/// S3's limit on the parts of one upload.
+pub const MAX_UPLOAD_PARTS: u64 = 10_000;
+
+/// The part size for an object of `len` bytes.
+fn part_bytes(len: u64) -> u64 {
+    UPLOAD_PART_BYTES.max(len.div_ceil(MAX_UPLOAD_PARTS))
+}
+
+impl S3Store {
+    /// Writes the `len` bytes `src` reads to `rel` as a multipart upload: parts of
+    /// [`part_bytes`], each read, sent (retried alone within the [`super::RetryLimits`]) and
+    /// dropped before the next; memory held is one part. The object appears whole when the upload
+    /// completes, or not at all: a failed upload is aborted. An upload whose process dies before
+    /// it completes or aborts stays invisible but stored until the bucket's lifecycle rule
+    /// (`AbortIncompleteMultipartUpload`) removes it.
+    pub(super) fn put_in_parts(&self, rel: &str, src: &mut dyn Read, len: u64) -> Result<(), StorageError> {
+        let key = self.key(rel)?;
+        let (id, _) = self.retrying(|| self.store.create_multipart(&key)).map_err(|f| self.failed("write", rel, f))?;
+        let sent = self.send_parts(rel, &key, &id, src, len);
+        let completed = sent.and_then(|parts| {
+            match self.retrying(|| self.store.complete_multipart(&key, &id, parts.clone())) {
+                Ok(_) => Ok(()),
+                // An earlier attempt completed it and its answer was lost: the upload is gone, and
+                // the object is there (a task state file's name is never reused).
+                Err(f) if f.earlier_maybe_applied && self.size(rel).ok().flatten() == Some(len) => Ok(()),
+                Err(f) => Err(self.failed("write", rel, f)),
+            }
+        });
+        if completed.is_err() {
+            // Best effort: parts left behind cost storage until a lifecycle rule removes them.
+            let _ = self.retrying(|| self.store.abort_multipart(&key, &id));
+        }
+        completed
+    }
+
+    fn send_parts(
+        &self,
+        rel: &str,
+        key: &object_store::path::Path,
+        id: &object_store::MultipartId,
+        src: &mut dyn Read,
+        len: u64,
+    ) -> Result<Vec<PartId>, StorageError> {
+        let part = part_bytes(len);
+        let mut parts = Vec::with_capacity(len.div_ceil(part) as usize);
+        let mut left = len;
+        while left > 0 {
+            let mut buf = vec![0u8; part.min(left) as usize];
+            src.read_exact(&mut buf).map_err(|e| StorageError::io(self.display_path(rel), "read the source of", e))?;
+            left -= buf.len() as u64;
+            let payload = PutPayload::from(buf);
+            let idx = parts.len();
+            let (id, _) = self
+                .retrying(|| self.store.put_part(key, id, idx, payload.clone()))
+                .map_err(|f| self.failed("write", rel, f))?;
+            parts.push(id);
+        }
+        Ok(parts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_are_eight_mib_until_an_object_needs_more_than_the_limit_of_parts() {
+        assert_eq!(part_bytes(20 << 20), UPLOAD_PART_BYTES);
+        assert_eq!(part_bytes(UPLOAD_PART_BYTES * MAX_UPLOAD_PARTS), UPLOAD_PART_BYTES);
+        let huge = UPLOAD_PART_BYTES * MAX_UPLOAD_PARTS + 1;
+        assert!(huge.div_ceil(part_bytes(huge)) <= MAX_UPLOAD_PARTS);
+    }
+}
