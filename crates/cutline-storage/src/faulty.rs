@@ -149,8 +149,12 @@ impl<S: CheckpointStore> CheckpointStore for FaultyStore<S> {
         self.inner.read_manifest(id)
     }
 
-    fn verify(&self, id: CheckpointId) -> Result<Manifest, StorageError> {
-        self.inner.verify(id)
+    fn verify_reading(
+        &self,
+        id: CheckpointId,
+        chain: &mut dyn FnMut(&TaskStateHandle, Vec<Vec<u8>>),
+    ) -> Result<Manifest, StorageError> {
+        self.inner.verify_reading(id, chain)
     }
 
     fn discard(&self, id: CheckpointId) -> Result<(), StorageError> {

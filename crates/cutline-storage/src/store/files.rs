@@ -76,8 +76,12 @@ macro_rules! impl_checkpoint_store {
             ) -> Result<$crate::Manifest, $crate::StorageError> {
                 $crate::store::ops::read_manifest(self, id)
             }
-            fn verify(&self, id: ::cutline_core::CheckpointId) -> Result<$crate::Manifest, $crate::StorageError> {
-                $crate::store::ops::verify(self, id)
+            fn verify_reading(
+                &self,
+                id: ::cutline_core::CheckpointId,
+                chain: &mut dyn FnMut(&$crate::TaskStateHandle, Vec<Vec<u8>>),
+            ) -> Result<$crate::Manifest, $crate::StorageError> {
+                $crate::store::ops::verify(self, id, chain)
             }
             fn discard(&self, id: ::cutline_core::CheckpointId) -> Result<(), $crate::StorageError> {
                 $crate::store::ops::discard(self, id)

@@ -159,7 +159,19 @@ pub trait CheckpointStore: Send + Sync {
     /// Reads the manifest of `id` and every file it references, checking sizes and checksums.
     /// [`StorageError::Fenced`] if the checkpoint is fenced (its files are not read then); the errors of
     /// [`CheckpointStore::read_manifest`] if its manifest cannot be read or is misplaced.
-    fn verify(&self, id: CheckpointId) -> Result<Manifest, StorageError>;
+    fn verify(&self, id: CheckpointId) -> Result<Manifest, StorageError> {
+        self.verify_reading(id, &mut |_, _| {})
+    }
+
+    /// [`CheckpointStore::verify`], handing each task's chain of payloads, as
+    /// [`CheckpointStore::read_task_chain`] returns it, to `chain` once it is checked: a restore
+    /// reads every file once. The checkpoint verifies only if this returns `Ok`; what `chain` was
+    /// given before an error is of a checkpoint that does not verify.
+    fn verify_reading(
+        &self,
+        id: CheckpointId,
+        chain: &mut dyn FnMut(&TaskStateHandle, Vec<Vec<u8>>),
+    ) -> Result<Manifest, StorageError>;
 
     /// Removes an attempt without a manifest (aborted or partial); files of it that a later committed
     /// manifest references are kept. Refuses every checkpoint that has a manifest, fenced ones

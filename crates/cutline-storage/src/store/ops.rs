@@ -208,13 +208,17 @@ pub fn read_manifest<F: Files>(fs: &F, id: CheckpointId) -> Result<Manifest, Sto
     Ok(manifest)
 }
 
-pub fn verify<F: Files>(fs: &F, id: CheckpointId) -> Result<Manifest, StorageError> {
+pub fn verify<F: Files>(
+    fs: &F,
+    id: CheckpointId,
+    chain: &mut dyn FnMut(&TaskStateHandle, Vec<Vec<u8>>),
+) -> Result<Manifest, StorageError> {
     let manifest = read_manifest(fs, id)?;
     if let Some(by) = Fences::read(fs)?.fenced_by(id, manifest.generation)? {
         return Err(StorageError::Fenced { checkpoint: id, generation: manifest.generation, by });
     }
     for task in &manifest.tasks {
-        read_task_chain(fs, task)?;
+        chain(task, read_task_chain(fs, task)?);
     }
     Ok(manifest)
 }

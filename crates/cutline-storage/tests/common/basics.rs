@@ -31,6 +31,10 @@ pub fn write_commit_list_verify(h: &dyn Harness) {
     assert_eq!(s.list_checkpoints().unwrap(), listing(&[(1, true)]));
     assert_eq!(s.read_manifest(CheckpointId(1)).unwrap(), m);
     assert_eq!(s.verify(CheckpointId(1)).unwrap(), m);
+    // What a restore reads: each task's chain, handed over as it is verified.
+    let mut handed = Vec::new();
+    assert_eq!(s.verify_reading(CheckpointId(1), &mut |h, chain| handed.push((h.clone(), chain))).unwrap(), m);
+    assert_eq!(handed, vec![(a.clone(), vec![b"alpha".to_vec()]), (b.clone(), vec![b"beta, retried".to_vec()])]);
     assert_eq!(s.read_task_state(&a).unwrap(), b"alpha");
 
     write(s, 3, "src", 0, b"later attempt");

@@ -36,7 +36,9 @@ pub(crate) fn load_checkpoint(
     fingerprint: &str,
     id: CheckpointId,
 ) -> Result<(RestoreIndex, Manifest), RunError> {
-    let manifest = store.verify(id)?;
+    // Every file is read once: checked by the verification, then kept for the index.
+    let mut chains = Vec::new();
+    let manifest = store.verify_reading(id, &mut |h, chain| chains.push((h.subtask.0, h.parallelism, chain)))?;
     if manifest.checkpoint != id {
         return Err(RunError::Restore {
             checkpoint: id,
@@ -54,10 +56,9 @@ pub(crate) fn load_checkpoint(
         });
     }
     let mut index = RestoreIndex { checkpoint: Some(id), input_ended: manifest.is_final, ..Default::default() };
-    for h in &manifest.tasks {
-        let chain = store.read_task_chain(h)?;
+    for (subtask, parallelism, chain) in chains {
         index
-            .add_task_chain(h.subtask.0, h.parallelism, chain)
+            .add_task_chain(subtask, parallelism, chain)
             .map_err(|reason| RunError::Restore { checkpoint: id, reason })?;
     }
     let known: std::collections::BTreeSet<String> = graph.state_uids().into_iter().collect();
