@@ -36,29 +36,23 @@ pub(crate) fn export(
     }
     std::fs::create_dir_all(to).map_err(|e| format!("creating savepoint directory {}: {e}", to.display()))?;
     let target = LocalDirStore::open(to).map_err(|e| e.to_string())?;
-    let manifest = from.verify(id).map_err(|e| format!("reading checkpoint {id} back: {e}"))?;
-    assert_eq!(manifest.checkpoint, id);
-    let mut tasks = Vec::with_capacity(manifest.tasks.len());
-    for h in &manifest.tasks {
-        // An incremental snapshot is copied with the files it builds on, each into the directory
-        // of its own checkpoint: the savepoint shares no file with the job's store.
-        let payloads = from.read_task_chain(h).map_err(|e| e.to_string())?;
-        let ids = h.base.iter().map(|b| b.checkpoint).chain(std::iter::once(id));
-        let mut base = Vec::with_capacity(h.base.len());
-        let mut copy = None;
-        for (at, payload) in ids.zip(&payloads) {
-            let mut written = target
-                .write_task_state(at, &h.operator, h.subtask, h.parallelism, h.key_groups, payload)
-                .map_err(|e| e.to_string())?;
-            if at == id {
-                written.base = std::mem::take(&mut base);
-                copy = Some(written);
-            } else {
-                base.push(written.file_ref(at));
+    // Each task's files are copied as the verification hands them over: every file is read once.
+    let mut tasks = Vec::new();
+    let mut failed = None;
+    let manifest = from
+        .verify_reading(id, &mut |h, payloads| {
+            if failed.is_none() {
+                match copy_chain(&target, id, h, &payloads) {
+                    Ok(copy) => tasks.push(copy),
+                    Err(e) => failed = Some(e),
+                }
             }
-        }
-        tasks.push(copy.expect("a chain ends with the handle's own file"));
+        })
+        .map_err(|e| format!("reading checkpoint {id} back: {e}"))?;
+    if let Some(e) = failed {
+        return Err(e);
     }
+    assert_eq!(manifest.checkpoint, id);
     let copy = Manifest::new(fingerprint, id, manifest.generation, manifest.created_at_unix_ms, false, tasks);
     let bytes = copy.total_size_bytes();
     target
@@ -73,6 +67,32 @@ pub(crate) fn export(
     let back = target.verify(id).map_err(|e| format!("the exported savepoint does not verify: {e}"))?;
     assert_eq!(back, copy, "exported savepoint manifest changed on the way to disk");
     Ok(SavepointInfo { checkpoint: id, path: to.to_path_buf(), bytes })
+}
+
+/// Writes the chain of task state `payloads` of `h` (checkpoint `id`) into `target`, each file into
+/// the directory of its own checkpoint, and returns the handle of the copy: an incremental snapshot
+/// is copied with the files it builds on, so the savepoint shares no file with the job's store.
+fn copy_chain(
+    target: &LocalDirStore,
+    id: CheckpointId,
+    h: &cutline_storage::TaskStateHandle,
+    payloads: &[Vec<u8>],
+) -> Result<cutline_storage::TaskStateHandle, String> {
+    let ids = h.base.iter().map(|b| b.checkpoint).chain(std::iter::once(id));
+    let mut base = Vec::with_capacity(h.base.len());
+    let mut copy = None;
+    for (at, payload) in ids.zip(payloads) {
+        let mut written = target
+            .write_task_state(at, &h.operator, h.subtask, h.parallelism, h.key_groups, payload)
+            .map_err(|e| e.to_string())?;
+        if at == id {
+            written.base = std::mem::take(&mut base);
+            copy = Some(written);
+        } else {
+            base.push(written.file_ref(at));
+        }
+    }
+    Ok(copy.expect("a chain ends with the handle's own file"))
 }
 
 /// An exported savepoint, opened for restoring.
