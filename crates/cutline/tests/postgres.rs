@@ -106,10 +106,14 @@ fn run_id() -> &'static str {
 }
 
 fn ctx(job: &str, generation: u64) -> SinkContext {
+    ctx_of(job, generation, 0, 1)
+}
+
+fn ctx_of(job: &str, generation: u64, subtask: u32, parallelism: u32) -> SinkContext {
     SinkContext {
         uid: "out".into(),
-        subtask: 0,
-        parallelism: 1,
+        subtask,
+        parallelism,
         incarnation: generation << 32,
         job: format!("{job}{}", run_id()),
     }
@@ -188,6 +192,52 @@ fn recovery_commits_what_the_restored_checkpoint_prepared_and_rolls_back_the_res
     assert_eq!(rows(&t).len(), 10);
     other.commit(&[po]).unwrap();
     newer.commit(&[pn]).unwrap();
+}
+
+#[test]
+fn a_subtask_after_a_rescale_commits_rolls_back_and_answers_for_the_old_subtasks_it_takes_over() {
+    let _server = shared();
+    let t = table("t_take_over");
+    // Generation 1 runs at parallelism 2: both subtasks prepare checkpoints 1 and 2, and the job
+    // dies before either commits.
+    let mut prepared = Vec::new();
+    for (j, base) in [(0u32, 0u64), (1, 100)] {
+        let mut a = id_rows(&t);
+        a.open(&ctx_of("take", 1, j, 2)).unwrap();
+        write_all(&mut a, base..base + 10);
+        let p1 = a.prepare(CheckpointId(1)).unwrap().unwrap();
+        write_all(&mut a, base + 10..base + 20);
+        let p2 = a.prepare(CheckpointId(2)).unwrap().unwrap();
+        Sink::<u64>::abort(&mut a);
+        prepared.push((p1, p2));
+    }
+    // Generation 2 restores checkpoint 1 at parallelism 1: its one subtask takes over both.
+    let mut b = id_rows(&t);
+    b.open(&ctx_of("take", 2, 0, 1)).unwrap();
+    assert!(Sink::<u64>::take_over(&mut b, &[0, 1], 2).unwrap(), "the sink refuses to rescale");
+    assert_eq!(b.committed_after(Some(CheckpointId(1))).unwrap(), Some(false));
+    let to_commit: Vec<PreparedTxn> = prepared.iter().map(|(p1, _)| p1.clone()).collect();
+    b.recover(&to_commit).unwrap();
+    let ids: Vec<i64> = rows(&t).iter().map(|r| r.0.unwrap()).collect();
+    let want: Vec<i64> = (0..10).chain(100..110).collect();
+    assert_eq!(ids, want, "checkpoint 1's rows of both old subtasks, and nothing else");
+    assert_eq!(prepared_with("@take-"), Vec::<String>::new(), "checkpoint 2's transactions were not rolled back");
+    // Old subtask 1's output committed past checkpoint 1 (by hand here) is seen by its new owner.
+    let (_, p2) = &prepared[1];
+    let mut c = id_rows(&t);
+    c.open(&ctx_of("take", 3, 1, 2)).unwrap();
+    write_all(&mut c, 300..301);
+    let late = c.prepare(CheckpointId(2)).unwrap().unwrap();
+    c.commit(std::slice::from_ref(&late)).unwrap();
+    assert_ne!(late.gid, p2.gid);
+    let mut d = id_rows(&t);
+    d.open(&ctx_of("take", 4, 0, 1)).unwrap();
+    assert!(Sink::<u64>::take_over(&mut d, &[0, 1], 2).unwrap());
+    assert_eq!(
+        d.committed_after(Some(CheckpointId(1))).unwrap(),
+        Some(true),
+        "a taken-over subtask's commit after the restored checkpoint went unnoticed"
+    );
 }
 
 #[test]
@@ -462,11 +512,10 @@ fn paced(i: u64) -> u64 {
 }
 
 /// Every record into `table` as its own row (insert mode), and per key the running count into
-/// `table_counts` (upsert mode), through a keyed operator at parallelism 2.
-fn run_job(name: &str, table: &str, counts: &str, faults: Faults) -> u32 {
-    let dir = tempfile::tempdir().unwrap();
+/// `table_counts` (upsert mode), through a keyed operator; every stage at `parallelism`.
+fn graph(name: &str, table: &str, counts: &str, parallelism: u32) -> cutline::JobGraph {
     let job = Job::new(name);
-    job.set_parallelism(2);
+    job.set_parallelism(parallelism);
     let numbers = job.source("numbers", GeneratorSource::new(RECORDS, |i| i)).map(paced);
     let ids: RowFn<u64> = Arc::new(|i: &u64| vec![SqlValue::from(*i as i64)]);
     let url = url();
@@ -485,12 +534,21 @@ fn run_job(name: &str, table: &str, counts: &str, faults: Faults) -> u32 {
     job.source("more", GeneratorSource::new(RECORDS, |i| i))
         .map(paced)
         .sink_from("ids", move |_| PostgresSink::new(PostgresSinkConfig::insert(&url2, &t2, &["id"]), ids.clone()));
-    let graph = job.build().unwrap();
+    job.build().unwrap()
+}
+
+/// The prepared transactions of the job `fingerprint` names.
+fn prepared_of_job(fingerprint: &str) -> Vec<String> {
+    prepared_with(&format!("cutline@{:016x}@", cutline::stable_hash(fingerprint)))
+}
+
+/// [`graph`] at parallelism 2, run to its end; the restarts it took.
+fn run_job(name: &str, table: &str, counts: &str, faults: Faults) -> u32 {
+    let dir = tempfile::tempdir().unwrap();
     let fingerprint = format!("{name}{}", run_id());
-    let report = cutline::run(&graph, config(dir.path(), &fingerprint, faults)).unwrap();
+    let report = cutline::run(&graph(name, table, counts, 2), config(dir.path(), &fingerprint, faults)).unwrap();
     // The job finished: everything it prepared was committed or rolled back.
-    let job_id = format!("{:016x}", cutline::stable_hash(fingerprint.as_str()));
-    let left = prepared_with(&format!("cutline@{job_id}@"));
+    let left = prepared_of_job(&fingerprint);
     assert!(left.is_empty(), "{name}: prepared transactions left after the job finished: {left:?}");
     report.restarts
 }
@@ -575,6 +633,35 @@ fn the_server_restarted_and_down_for_two_seconds_while_the_job_runs_loses_and_do
     let n: i64 =
         sql().query_one(&format!("SELECT count(*) FROM {MARKER_TABLE} WHERE job LIKE '%'"), &[]).unwrap().get(0);
     assert!(n > 0);
+}
+
+#[test]
+fn a_job_rescaled_after_each_crash_commits_every_row_once() {
+    let _server = shared();
+    let (t, c) = (table("t_rescaled"), table("t_rescaled_counts"));
+    let dir = tempfile::tempdir().unwrap();
+    let name = "pg-rescaled";
+    let fingerprint = format!("{name}{}", run_id());
+    // Every run but the last stops at its n-th sink commit: a checkpoint complete, its
+    // transactions prepared and not committed, for the next run (at another parallelism) to
+    // take over. Up from 2 to 3 splits old subtasks' work; down to 1 merges three into one.
+    let (runs, last) = ([2, 3, 1], 2);
+    for (step, p) in runs.into_iter().enumerate() {
+        let n = 4 + 2 * step as u64;
+        let count = Arc::new(AtomicU64::new(0));
+        let faults = Faults::new(move |f| f == FaultPoint::SinkCommit && count.fetch_add(1, Ordering::SeqCst) + 1 == n);
+        let mut cfg = config(dir.path(), &fingerprint, faults);
+        cfg.restart = RestartStrategy::None;
+        let err = cutline::run(&graph(name, &t, &c, p), cfg).expect_err("stopped by the injected failure");
+        assert!(format!("{err:#}").contains("injected failure"), "run {step} at parallelism {p}: {err:#}");
+        assert!(!prepared_of_job(&fingerprint).is_empty(), "run {step} at parallelism {p} left nothing prepared");
+        assert!(rows(&t).len() < RECORDS as usize, "run {step} at parallelism {p} ended before its crash");
+    }
+    let report = cutline::run(&graph(name, &t, &c, last), config(dir.path(), &fingerprint, Faults::none()))
+        .unwrap_or_else(|e| panic!("the last run at parallelism {last}: {e}"));
+    assert!(report.restored_from.is_some(), "the last run did not restore");
+    assert_eq!(prepared_of_job(&fingerprint), Vec::<String>::new(), "prepared transactions left behind");
+    assert_exact(&t, &c);
 }
 
 #[test]

@@ -51,6 +51,14 @@ pub trait Sink<T>: Send + 'static {
         let _ = (old_subtasks, old_parallelism);
         Ok(false)
     }
+    /// `recover` after a restore at another parallelism (`take_over` said yes): `prepared` holds,
+    /// per old subtask this instance took over, what the restored checkpoint has it prepared. The
+    /// default hands all of it to `recover`, which suits sinks whose committables name the subtask
+    /// that prepared them; a sink whose committables do not (the Kafka sink) overrides this.
+    fn recover_taken_over(&mut self, prepared: &[(u32, Vec<Self::Committable>)]) -> ConnectorResult<()> {
+        let all: Vec<Self::Committable> = prepared.iter().flat_map(|(_, c)| c.iter().cloned()).collect();
+        self.recover(&all)
+    }
     /// Write one record into the open transaction.
     fn write(&mut self, item: T) -> ConnectorResult<()>;
     /// Make the open transaction durable but invisible; `None` if it is empty.

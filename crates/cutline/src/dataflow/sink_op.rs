@@ -12,6 +12,13 @@ use cutline_core::barrier::Barrier;
 use cutline_core::CheckpointId;
 use std::collections::BTreeMap;
 
+/// What a sink commits when its task starts: its own subtask's prepared transactions, or after a
+/// rescale those of each old subtask it took over.
+enum ToRecover<C> {
+    Own(Vec<C>),
+    TakenOver(Vec<(u32, Vec<C>)>),
+}
+
 /// Drives a [`Sink`] from the task's chain.
 pub(crate) struct SinkEmit<T, S: Sink<T>> {
     uid: String,
@@ -19,7 +26,7 @@ pub(crate) struct SinkEmit<T, S: Sink<T>> {
     /// Prepared, not yet committed: part of every snapshot until committed.
     uncommitted: BTreeMap<CheckpointId, S::Committable>,
     /// What the restored checkpoint prepared, committed by `recover` when the task starts.
-    to_recover: Option<Vec<S::Committable>>,
+    to_recover: Option<ToRecover<S::Committable>>,
     faults: Faults,
     _t: std::marker::PhantomData<fn(T)>,
 }
@@ -36,6 +43,7 @@ impl<T: Send + 'static, S: Sink<T>> SinkEmit<T, S> {
         // Prepared transactions of the restored checkpoint this instance commits: its own subtask's,
         // or after a rescale those of the old subtasks it takes over.
         let mut restored: Vec<BTreeMap<CheckpointId, S::Committable>> = Vec::new();
+        let mut taken_over = None;
         match restore.plain_rescaled_complete(&uid, ctx.parallelism)? {
             Some((old_parallelism, parts)) => {
                 let old_subtasks: Vec<u32> =
@@ -44,14 +52,15 @@ impl<T: Send + 'static, S: Sink<T>> SinkEmit<T, S> {
                     return Err(TaskError::State {
                         uid: uid.clone(),
                         message: format!(
-                            "checkpoint has this sink at parallelism {old_parallelism}, the job now asks for {}; this sink cannot take over the transactions of other subtasks (the transactional file sink can). Keep the sink at parallelism {old_parallelism} (Stream::sink_with_parallelism) while the rest of the job rescales",
+                            "checkpoint has this sink at parallelism {old_parallelism}, the job now asks for {}; this sink cannot take over the transactions of other subtasks (the transactional file, PostgreSQL and Kafka sinks can). Keep the sink at parallelism {old_parallelism} (Stream::sink_with_parallelism) while the rest of the job rescales",
                             ctx.parallelism
                         ),
                     });
                 }
-                for j in old_subtasks {
+                for &j in &old_subtasks {
                     restored.push(decode(parts[j as usize])?);
                 }
+                taken_over = Some(old_subtasks);
             }
             None => {
                 if let Some(bytes) = restore.plain(&uid, ctx.subtask, ctx.parallelism)? {
@@ -87,7 +96,12 @@ impl<T: Send + 'static, S: Sink<T>> SinkEmit<T, S> {
                 });
             }
         }
-        let to_commit: Vec<S::Committable> = restored.into_iter().flat_map(|m| m.into_values()).collect();
+        let to_commit = match taken_over {
+            Some(old) => ToRecover::TakenOver(
+                old.into_iter().zip(restored).map(|(j, m)| (j, m.into_values().collect())).collect(),
+            ),
+            None => ToRecover::Own(restored.into_iter().flat_map(|m| m.into_values()).collect()),
+        };
         Ok(SinkEmit {
             uid,
             sink,
@@ -107,7 +121,11 @@ impl<T: Send + 'static, S: Sink<T>> Emit<T> for SinkEmit<T, S> {
     fn on_start(&mut self) -> Result<(), TaskError> {
         let to_commit = self.to_recover.take().expect("a sink starts once");
         self.faults.check(FaultPoint::SinkRecover)?;
-        self.sink.recover(&to_commit).map_err(|error| TaskError::Sink { uid: self.uid.clone(), error })
+        match to_commit {
+            ToRecover::Own(c) => self.sink.recover(&c),
+            ToRecover::TakenOver(per_old_subtask) => self.sink.recover_taken_over(&per_old_subtask),
+        }
+        .map_err(|error| TaskError::Sink { uid: self.uid.clone(), error })
     }
     fn has_credit(&self) -> bool {
         true

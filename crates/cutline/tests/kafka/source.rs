@@ -149,7 +149,7 @@ fn a_job_restored_with_its_kafka_source_at_another_parallelism_writes_exactly_th
     });
     let mut first = config(dir.path(), &name, faults);
     first.restart = RestartStrategy::None;
-    let job = count_job_held(&brokers(), "kafka-rescale", &i, &o, (true, 2), Some(hold));
+    let job = count_job_held(&brokers(), "kafka-rescale", &i, &o, (true, 2, 2), Some(hold));
     let err = cutline::run(&job, first).unwrap_err();
     assert!(err.to_string().contains("injected failure"), "the first run should fail at the injected fault: {err}");
     let partial = seen_counts(&o).len();

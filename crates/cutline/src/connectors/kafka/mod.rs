@@ -7,10 +7,12 @@
 //! assigned to subtasks by a fixed rule, not by a group coordinator, so a restore reads exactly
 //! from the checkpoint's positions. The sink's design for the commit window is in [`KafkaSink`]'s docs.
 
+mod arc_bytes;
 mod assignment;
 mod client;
 mod sink;
 mod source;
+mod take_over;
 
 pub use assignment::{owner_of, split_of};
 pub use sink::{

@@ -123,39 +123,8 @@ pub struct KafkaTxn {
     pub records: u64,
     /// The records: per record a little-endian u32 key length (`u32::MAX`: no key), the key, a u32
     /// value length and the value.
-    #[serde(with = "arc_bytes")]
+    #[serde(with = "super::arc_bytes")]
     pub data: Arc<Vec<u8>>,
-}
-
-mod arc_bytes {
-    use serde::{Deserializer, Serializer};
-    use std::sync::Arc;
-    pub fn serialize<S: Serializer>(v: &Arc<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_bytes(v)
-    }
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<Vec<u8>>, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Vec<u8>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("bytes")
-            }
-            fn visit_bytes<E>(self, v: &[u8]) -> Result<Vec<u8>, E> {
-                Ok(v.to_vec())
-            }
-            fn visit_byte_buf<E>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
-                Ok(v)
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Vec<u8>, A::Error> {
-                let mut out = Vec::new();
-                while let Some(b) = a.next_element()? {
-                    out.push(b);
-                }
-                Ok(out)
-            }
-        }
-        d.deserialize_byte_buf(V).map(Arc::new)
-    }
 }
 
 /// Turns a record into its Kafka key and value: append the key to the first buffer (leave it empty
@@ -205,9 +174,9 @@ impl ProducerContext for Deliveries {
 /// **Fencing.** Each subtask's `transactional.id` is `cutline.<job>.<sink>.<subtask>`: a newer
 /// incarnation's `init_transactions` fences every older one, whose next commit then fails.
 pub struct KafkaSink<T> {
-    config: KafkaSinkConfig,
-    encode: RecordFn<T>,
-    ctx: Option<SinkContext>,
+    pub(super) config: KafkaSinkConfig,
+    pub(super) encode: RecordFn<T>,
+    pub(super) ctx: Option<SinkContext>,
     producer: Option<BaseProducer<Deliveries>>,
     deliveries: Deliveries,
     /// The marker's group (exactly-once): reads the marker, and names it in transactions.
@@ -221,6 +190,9 @@ pub struct KafkaSink<T> {
     committed: Option<u64>,
     /// The partition every record goes to ([`KafkaPartitioning::Fixed`]), set at open.
     partition: Option<i32>,
+    /// After a rescale (exactly-once), a sink opened as each old subtask this instance took over,
+    /// other than its own: it fenced that subtask's producers and reads its marker.
+    pub(super) taken: Vec<(u32, KafkaSink<T>)>,
 }
 
 impl<T> Clone for KafkaSink<T> {
@@ -231,7 +203,7 @@ impl<T> Clone for KafkaSink<T> {
 }
 
 impl<T> KafkaSink<T> {
-    fn with_encoder(config: KafkaSinkConfig, encode: RecordFn<T>) -> Self {
+    pub(super) fn with_encoder(config: KafkaSinkConfig, encode: RecordFn<T>) -> Self {
         KafkaSink {
             config,
             encode,
@@ -245,6 +217,7 @@ impl<T> KafkaSink<T> {
             key: Vec::new(),
             value: Vec::new(),
             committed: None,
+            taken: Vec::new(),
         }
     }
 
@@ -559,6 +532,20 @@ impl<T: Send + 'static> Sink<T> for KafkaSink<T> {
     fn abort(&mut self) {
         self.producer = None;
         self.marker = None;
+        self.taken.clear();
+    }
+
+    /// Opens a sink as each old subtask taken over (its transactional id, its marker), fencing its
+    /// producers now, while every task of the generation is opened, as `open` does for its own.
+    fn take_over(&mut self, old_subtasks: &[u32], _old_parallelism: u32) -> ConnectorResult<bool> {
+        self.open_taken_over(old_subtasks)?;
+        Ok(true)
+    }
+
+    /// Each old subtask's checkpoints are committed under its own transactional id and marker, the
+    /// marker telling which were committed before.
+    fn recover_taken_over(&mut self, prepared: &[(u32, Vec<KafkaTxn>)]) -> ConnectorResult<()> {
+        self.recover_all_taken_over(prepared)
     }
 
     fn committed_after(&mut self, checkpoint: Option<CheckpointId>) -> ConnectorResult<Option<bool>> {
@@ -566,10 +553,11 @@ impl<T: Send + 'static> Sink<T> for KafkaSink<T> {
             return Ok(None);
         }
         let marker = self.read_marker()?;
-        Ok(Some(match (marker, checkpoint) {
+        let own = match (marker, checkpoint) {
             (None, _) => false,
             (Some(_), None) => true,
             (Some(m), Some(c)) => m > c.0,
-        }))
+        };
+        Ok(Some(own || self.taken_over_committed_after(checkpoint)?))
     }
 }

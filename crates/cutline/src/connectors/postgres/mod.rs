@@ -12,7 +12,9 @@
 //! in `pg_prepared_xacts` whose marker row is visible was committed; one with neither was lost, and
 //! that is an error, never silently skipped. At a restore the sink commits what the restored
 //! checkpoint prepared and rolls back every other prepared transaction of this job's subtask (never
-//! another job's or sink's, nor a newer generation's).
+//! another job's or sink's, nor a newer generation's). A restore at another parallelism does the
+//! same for the old subtasks each new one takes over (`Sink::take_over`): their transaction names
+//! and marker rows carry their subtask, so the new subtask lists, commits and answers for those too.
 //!
 //! An upserting subtask never writes a key that its own prepared transaction of an earlier
 //! checkpoint still locks (it is the thread that would commit it): while one of its checkpoints is
@@ -26,6 +28,7 @@
 //! with backoff) before the task fails; the open transaction of a connection that broke is lost, so
 //! that fails the task at once and the job restores and replays it.
 
+mod commit;
 mod conn;
 mod param;
 mod sql;
@@ -33,12 +36,11 @@ mod write;
 
 pub use sql::{SqlValue, MAX_BATCH_ROWS};
 
-use super::sink::{of_a_newer_generation, Sink, SinkContext};
+use super::sink::{Sink, SinkContext};
 use crate::error::{ConnectorError, ConnectorResult};
 use cutline_core::CheckpointId;
 pub use param::DeferredRows;
 use param::{Bind, Param};
-use postgres::error::SqlState;
 use postgres::{Client, Config};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -162,6 +164,9 @@ pub struct PostgresSink<T> {
     in_txn: bool,
     /// Checkpoints this instance prepared (or deferred rows for) and has not committed yet.
     uncommitted: std::collections::BTreeSet<u64>,
+    /// After a rescale, the old subtasks whose transactions this instance answers for
+    /// ([`Sink::take_over`]).
+    taken_over: Vec<u32>,
 }
 
 impl<T> Clone for PostgresSink<T> {
@@ -192,6 +197,7 @@ impl<T> PostgresSink<T> {
             buffered_keys: HashMap::new(),
             in_txn: false,
             uncommitted: Default::default(),
+            taken_over: Vec::new(),
         }
     }
 
@@ -201,8 +207,21 @@ impl<T> PostgresSink<T> {
 
     /// Transaction names of this job's subtask start with this; `@` occurs in none of the parts.
     fn prefix(&self) -> String {
+        self.prefix_of(self.ctx().subtask)
+    }
+
+    fn prefix_of(&self, subtask: u32) -> String {
         let c = self.ctx();
-        format!("cutline@{}@{}@{}@", c.job, c.uid, c.subtask)
+        format!("cutline@{}@{}@{subtask}@", c.job, c.uid)
+    }
+
+    /// The subtasks whose transactions this instance recovers: its own, and after a rescale those
+    /// of the old subtasks it took over.
+    fn recovered_subtasks(&self) -> Vec<u32> {
+        let own = self.ctx().subtask;
+        let mut all = vec![own];
+        all.extend(self.taken_over.iter().copied().filter(|j| *j != own));
+        all
     }
 
     fn control(&mut self) -> ConnectorResult<&mut Client> {
@@ -382,39 +401,6 @@ impl<T> PostgresSink<T> {
         }
         Ok(())
     }
-
-    /// Commit what checkpoint `txn` left: its prepared transaction, then its deferred rows; true if
-    /// the transaction was still prepared (false: committed before, or none).
-    fn commit_one(&mut self, txn: &PreparedTxn) -> ConnectorResult<bool> {
-        let now = self.commit_prepared(txn)?;
-        self.write_deferred(txn.checkpoint, &txn.deferred.0)?;
-        Ok(now)
-    }
-
-    /// Commit one prepared transaction (true), or learn from its marker row that it was committed
-    /// before (false).
-    fn commit_prepared(&mut self, txn: &PreparedTxn) -> ConnectorResult<bool> {
-        if txn.gid.is_empty() {
-            return Ok(false);
-        }
-        let c = self.control()?;
-        match c.batch_execute(&format!("COMMIT PREPARED {}", sql::literal(&txn.gid))) {
-            Ok(()) => Ok(true),
-            Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {
-                let c = self.control()?;
-                match c.query_opt(&format!("SELECT 1 FROM {MARKER_TABLE} WHERE gid = $1"), &[&txn.gid]) {
-                    Ok(Some(_)) => Ok(false), // committed before: commit is idempotent
-                    Ok(None) => Err(ConnectorError::permanent(format!(
-                        "PostgreSQL sink: prepared transaction {} (checkpoint {}) is neither prepared nor \
-                         committed: it was rolled back outside this job, and its output is lost",
-                        txn.gid, txn.checkpoint
-                    ))),
-                    Err(e) => Err(self.control_failed("reading the commit markers", e)),
-                }
-            }
-            Err(e) => Err(self.control_failed(&format!("COMMIT PREPARED {}", txn.gid), e)),
-        }
-    }
 }
 
 impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
@@ -442,33 +428,20 @@ impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
                 );
             }
         }
-        let prefix = self.prefix();
         let own = self.ctx().incarnation;
-        let rows = {
-            let c = self.control()?;
-            c.query(
-                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, $1)",
-                &[&prefix],
-            )
-        };
-        let rows = rows.map_err(|e| self.control_failed("listing pg_prepared_xacts", e))?;
-        for r in rows {
-            let gid: String = r.get(0);
-            if of_a_newer_generation(&gid[prefix.len()..], own) {
-                continue; // a newer run's, not ours to roll back
-            }
-            let c = self.control()?;
-            match c.batch_execute(&format!("ROLLBACK PREPARED {}", sql::literal(&gid))) {
-                Ok(()) => tracing::info!(
-                    event = "sink_rolled_back",
-                    %gid,
-                    "rolled back a transaction prepared after the restored checkpoint"
-                ),
-                Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {} // gone meanwhile
-                Err(e) => return Err(self.control_failed(&format!("ROLLBACK PREPARED {gid}"), e)),
-            }
+        let prefixes: Vec<String> = self.recovered_subtasks().into_iter().map(|j| self.prefix_of(j)).collect();
+        for prefix in prefixes {
+            self.roll_back_prepared(&prefix, own)?;
         }
         Ok(())
+    }
+
+    /// The restored checkpoint has this sink at another parallelism: the old subtasks' transaction
+    /// names carry their own subtask, and so do their marker rows, so taking them over is listing
+    /// and answering for their prefixes too.
+    fn take_over(&mut self, old_subtasks: &[u32], _old_parallelism: u32) -> ConnectorResult<bool> {
+        self.taken_over = old_subtasks.to_vec();
+        Ok(true)
     }
 
     fn write(&mut self, item: T) -> ConnectorResult<()> {
@@ -575,11 +548,11 @@ impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
             None => -1i64,
             Some(cp) => i64::try_from(cp.0).unwrap_or(i64::MAX),
         };
-        let subtask = c.subtask as i32;
+        let subtasks: Vec<i32> = self.recovered_subtasks().into_iter().map(|j| j as i32).collect();
         let sql = format!(
-            "SELECT EXISTS (SELECT 1 FROM {MARKER_TABLE} WHERE job = $1 AND sink = $2 AND subtask = $3 AND checkpoint > $4)"
+            "SELECT EXISTS (SELECT 1 FROM {MARKER_TABLE} WHERE job = $1 AND sink = $2 AND subtask = ANY($3) AND checkpoint > $4)"
         );
-        let res = self.control()?.query_one(&sql, &[&c.job, &c.uid, &subtask, &after]);
+        let res = self.control()?.query_one(&sql, &[&c.job, &c.uid, &subtasks, &after]);
         match res {
             Ok(row) => Ok(Some(row.get(0))),
             Err(e) => Err(self.control_failed("reading the commit markers", e)),
