@@ -31,7 +31,7 @@ pub use local::LocalDirStore;
 pub use manifest::{GenerationRecord, JobMeta, Manifest, StateFileRef, TaskStateHandle};
 pub use mem::MemStore;
 #[cfg(feature = "s3")]
-pub use object::{RetryLimits, S3Config, S3Store, MAX_UPLOAD_PARTS, UPLOAD_PART_BYTES};
+pub use object::{RetryLimits, S3Config, S3Store, MAX_UPLOAD_PARTS, UPLOAD_PARTS_IN_FLIGHT, UPLOAD_PART_BYTES};
 pub use store::{CheckpointListing, CheckpointStore, GcReport, StoreLock};
 
 #[cfg(test)]

@@ -18,7 +18,8 @@ use common::{listing, manifest, record, write, Budget, Harness};
 use cutline_core::{CheckpointId, Generation};
 use cutline_core::{OperatorId, SubtaskIndex};
 use cutline_storage::{
-    CheckpointStore, JobMeta, RetryLimits, S3Config, S3Store, StorageError, TaskStateFrame, UPLOAD_PART_BYTES,
+    CheckpointStore, JobMeta, RetryLimits, S3Config, S3Store, StorageError, TaskStateFrame, UPLOAD_PARTS_IN_FLIGHT,
+    UPLOAD_PART_BYTES,
 };
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjectPath;
@@ -439,6 +440,11 @@ struct Proxy {
     refused: Arc<AtomicUsize>,
     swallow_next_conditional_put: Arc<AtomicBool>,
     swallowed: Arc<AtomicUsize>,
+    /// PUTs forwarded and not yet answered, and the most there were at once.
+    puts_open: Arc<AtomicUsize>,
+    most_puts_open: Arc<AtomicUsize>,
+    /// Milliseconds the answer to each PUT is held back (a slow store).
+    put_answer_delay_ms: Arc<AtomicUsize>,
 }
 
 impl Proxy {
@@ -451,7 +457,12 @@ impl Proxy {
             refused: Arc::default(),
             swallow_next_conditional_put: Arc::default(),
             swallowed: Arc::default(),
+            puts_open: Arc::default(),
+            most_puts_open: Arc::default(),
+            put_answer_delay_ms: Arc::default(),
         };
+        let delay_ms = proxy.put_answer_delay_ms.clone();
+        let (puts_open, most_puts_open) = (proxy.puts_open.clone(), proxy.most_puts_open.clone());
         let (refuse_next, refused) = (proxy.refuse_next.clone(), proxy.refused.clone());
         let puts_only = proxy.refuse_puts_only.clone();
         let (swallow_next, swallowed) = (proxy.swallow_next_conditional_put.clone(), proxy.swallowed.clone());
@@ -460,11 +471,14 @@ impl Proxy {
                 let Ok(client) = client else { continue };
                 let Ok(server) = TcpStream::connect(upstream) else { continue };
                 let swallow_this = Arc::new(AtomicBool::new(false));
+                let put_unanswered = Arc::new(AtomicBool::new(false));
                 // client -> server, deciding per request (a read that starts with a method).
                 {
                     let (mut from, mut to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                     let (refuse_next, refused, puts_only) = (refuse_next.clone(), refused.clone(), puts_only.clone());
                     let (swallow_next, swallow_this) = (swallow_next.clone(), swallow_this.clone());
+                    let (put_unanswered, puts_open, most) =
+                        (put_unanswered.clone(), puts_open.clone(), most_puts_open.clone());
                     std::thread::spawn(move || {
                         let mut buf = vec![0u8; 64 * 1024];
                         loop {
@@ -491,6 +505,9 @@ impl Proxy {
                             if conditional_put && swallow_next.swap(false, Ordering::SeqCst) {
                                 swallow_this.store(true, Ordering::SeqCst);
                             }
+                            if chunk.starts_with(b"PUT ") && !put_unanswered.swap(true, Ordering::SeqCst) {
+                                most.fetch_max(puts_open.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                            }
                             if to.write_all(chunk).is_err() {
                                 break;
                             }
@@ -503,6 +520,7 @@ impl Proxy {
                 {
                     let (mut from, mut to) = (server, client);
                     let swallowed = swallowed.clone();
+                    let (puts_open, delay_ms) = (puts_open.clone(), delay_ms.clone());
                     std::thread::spawn(move || {
                         let mut buf = vec![0u8; 64 * 1024];
                         loop {
@@ -510,6 +528,11 @@ impl Proxy {
                                 Ok(0) | Err(_) => break,
                                 Ok(n) => n,
                             };
+                            if buf[..n].starts_with(b"HTTP/") && put_unanswered.swap(false, Ordering::SeqCst) {
+                                let delay = delay_ms.load(Ordering::SeqCst) as u64;
+                                std::thread::sleep(std::time::Duration::from_millis(delay));
+                                puts_open.fetch_sub(1, Ordering::SeqCst);
+                            }
                             if swallow_this.load(Ordering::SeqCst) {
                                 swallowed.fetch_add(1, Ordering::SeqCst);
                                 break; // the server applied the request; the client never hears
@@ -517,6 +540,9 @@ impl Proxy {
                             if to.write_all(&buf[..n]).is_err() {
                                 break;
                             }
+                        }
+                        if put_unanswered.swap(false, Ordering::SeqCst) {
+                            puts_open.fetch_sub(1, Ordering::SeqCst); // closed unanswered
                         }
                         let _ = from.shutdown(std::net::Shutdown::Both);
                         let _ = to.shutdown(std::net::Shutdown::Both);
@@ -603,8 +629,9 @@ fn behind_a_proxy(test: &str) -> (Proxy, S3Store, Raw) {
 }
 
 /// A task state file built in a scratch file (a whole snapshot of the disk backend) and larger than
-/// a part goes up as a multipart upload, a part at a time, and reads back whole; through a server
-/// that drops requests, each part is retried alone. One no larger than a part is one PUT.
+/// a part goes up as a multipart upload, [`UPLOAD_PARTS_IN_FLIGHT`] parts at a time, and reads back
+/// whole; through a server that drops requests, each part is retried alone. One no larger than a
+/// part is one PUT.
 #[test]
 fn a_spooled_state_file_larger_than_a_part_is_uploaded_in_parts_and_reads_back_whole() {
     let (proxy, store, raw) = behind_a_proxy("multipart");
@@ -622,6 +649,7 @@ fn a_spooled_state_file_larger_than_a_part_is_uploaded_in_parts_and_reads_back_w
         assert!(frame.is_spooled());
         proxy.refuse_puts_only.store(true, Ordering::SeqCst);
         proxy.refuse_next.store(refused, Ordering::SeqCst); // fewer than the attempts: the first part's
+        proxy.put_answer_delay_ms.store(100, Ordering::SeqCst); // a slow store: parts overlap
         let handle =
             store.write_task_frame(CheckpointId(at), &OperatorId::new("op"), SubtaskIndex(0), 1, None, &frame).unwrap();
         assert_eq!(proxy.refuse_next.load(Ordering::SeqCst), 0, "every refusal was met");
@@ -633,6 +661,8 @@ fn a_spooled_state_file_larger_than_a_part_is_uploaded_in_parts_and_reads_back_w
         }
     }
     assert_eq!(proxy.refused.load(Ordering::SeqCst), 3);
+    let at_once = proxy.most_puts_open.load(Ordering::SeqCst);
+    assert!((2..=UPLOAD_PARTS_IN_FLIGHT).contains(&at_once), "{at_once} parts sent at once");
 }
 
 /// A part that fails as many times as the attempts fails the write with a transient error, and the
@@ -644,7 +674,9 @@ fn a_multipart_upload_whose_part_fails_for_good_leaves_no_object() {
     let payload = vec![7u8; UPLOAD_PART_BYTES as usize + 1];
     let frame = TaskStateFrame::spool(&dir.path().join("big.spool"), |w| w.write_all(&payload)).unwrap();
     proxy.refuse_puts_only.store(true, Ordering::SeqCst);
-    proxy.refuse_next.store(4, Ordering::SeqCst); // as many as the attempts
+    // As many as the attempts of every part in flight: whichever way they fall, one part uses up
+    // its attempts.
+    proxy.refuse_next.store(4 * UPLOAD_PARTS_IN_FLIGHT, Ordering::SeqCst);
     let err =
         store.write_task_frame(CheckpointId(1), &OperatorId::new("op"), SubtaskIndex(0), 1, None, &frame).unwrap_err();
     assert_eq!(remote_parts(&err), (None, true, 4), "{err}");

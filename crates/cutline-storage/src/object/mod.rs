@@ -56,7 +56,7 @@ mod request;
 mod upload;
 
 pub use config::{RetryLimits, S3Config};
-pub use upload::{MAX_UPLOAD_PARTS, UPLOAD_PART_BYTES};
+pub use upload::{MAX_UPLOAD_PARTS, UPLOAD_PARTS_IN_FLIGHT, UPLOAD_PART_BYTES};
 
 use crate::error::StorageError;
 use crate::store::Files;
@@ -73,7 +73,8 @@ use std::path::PathBuf;
 ///   (`If-None-Match: *`), so of two writers exactly one wins ([`S3Store::open`] refuses a server
 ///   that ignores the condition); every other file is one plain PUT, visible whole or not at all,
 ///   except a task state file built in a scratch file and larger than [`UPLOAD_PART_BYTES`]: a
-///   multipart upload, one part in memory at a time, each part retried alone, visible when the
+///   multipart upload, [`UPLOAD_PARTS_IN_FLIGHT`] parts in flight and in memory at a time, each
+///   part retried alone, visible when the
 ///   upload completes (aborted if it fails). A task state file held in memory is at most 5 GiB
 ///   (S3's limit of one PUT); one uploaded in parts, [`MAX_UPLOAD_PARTS`] parts.
 /// - Failures: connection errors, timeouts and 5xx/429/408 answers are retried with exponential

@@ -2,7 +2,7 @@
 //! current-thread runtime, retries transient failures with backoff, and classifies failures into
 //! [`StorageError`]s.
 
-use super::S3Store;
+use super::{RetryLimits, S3Store};
 use crate::error::StorageError;
 use object_store::client::{HttpError, HttpErrorKind};
 use std::future::Future;
@@ -29,28 +29,11 @@ pub(super) struct Failure {
 impl S3Store {
     /// Runs the request that `make` builds until it succeeds, fails for good, or the attempts are
     /// used up, sleeping (exponential backoff with jitter) between attempts.
-    pub(super) fn retrying<T, Fut>(&self, mut make: impl FnMut() -> Fut) -> Result<(T, bool), Failure>
+    pub(super) fn retrying<T, Fut>(&self, make: impl FnMut() -> Fut) -> Result<(T, bool), Failure>
     where
         Fut: Future<Output = object_store::Result<T>>,
     {
-        let mut backoff = self.retry.initial_backoff;
-        let mut earlier_maybe_applied = false;
-        let mut attempt = 1;
-        loop {
-            match self.runtime.block_on(make()) {
-                Ok(value) => return Ok((value, earlier_maybe_applied)),
-                Err(error) => {
-                    let class = classify(&error);
-                    if !class.transient || attempt >= self.retry.attempts {
-                        return Err(Failure { error, class, attempts: attempt, earlier_maybe_applied });
-                    }
-                    earlier_maybe_applied |= class.maybe_applied;
-                    std::thread::sleep(jitter(backoff));
-                    backoff = (backoff * 2).min(self.retry.max_backoff);
-                    attempt += 1;
-                }
-            }
-        }
+        self.runtime.block_on(retrying(self.retry, make))
     }
 
     /// The [`StorageError`] of a request that failed for good.
@@ -78,6 +61,32 @@ impl S3Store {
             attempts: f.attempts,
             hint,
             source: Box::new(f.error),
+        }
+    }
+}
+
+/// [`S3Store::retrying`] as a future, for requests that run side by side on the store's runtime.
+/// The value comes with whether an earlier attempt may have taken effect.
+pub(super) async fn retrying<T, Fut>(retry: RetryLimits, mut make: impl FnMut() -> Fut) -> Result<(T, bool), Failure>
+where
+    Fut: Future<Output = object_store::Result<T>>,
+{
+    let mut backoff = retry.initial_backoff;
+    let mut earlier_maybe_applied = false;
+    let mut attempt = 1;
+    loop {
+        match make().await {
+            Ok(value) => return Ok((value, earlier_maybe_applied)),
+            Err(error) => {
+                let class = classify(&error);
+                if !class.transient || attempt >= retry.attempts {
+                    return Err(Failure { error, class, attempts: attempt, earlier_maybe_applied });
+                }
+                earlier_maybe_applied |= class.maybe_applied;
+                tokio::time::sleep(jitter(backoff)).await;
+                backoff = (backoff * 2).min(retry.max_backoff);
+                attempt += 1;
+            }
         }
     }
 }

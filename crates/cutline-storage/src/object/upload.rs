@@ -2,17 +2,24 @@
 //! built in a scratch file ([`crate::TaskStateFrame::spool`]) is never held whole in memory on its
 //! way to the bucket.
 
+use super::request::{retrying, Failure};
 use super::S3Store;
 use crate::error::StorageError;
 use crate::store::Files;
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::PutPayload;
+use std::collections::VecDeque;
 use std::io::Read;
+use tokio::task::JoinHandle;
 
 /// The size of each part of an upload but the last, unless the object is too large for
 /// [`MAX_UPLOAD_PARTS`] of it (then the parts are larger). Objects up to this size are one PUT.
 /// S3 wants at least 5 MiB per part but the last; some stores (Cloudflare R2) want them all equal.
 pub const UPLOAD_PART_BYTES: u64 = 8 << 20;
+
+/// Parts of one upload sent at once: each is read while the others wait for their answers, and an
+/// upload holds this many parts in memory.
+pub const UPLOAD_PARTS_IN_FLIGHT: usize = 2;
 
 /// S3's limit on the parts of one upload.
 pub const MAX_UPLOAD_PARTS: u64 = 10_000;
@@ -24,8 +31,8 @@ fn part_bytes(len: u64) -> u64 {
 
 impl S3Store {
     /// Writes the `len` bytes `src` reads to `rel` as a multipart upload: parts of
-    /// [`part_bytes`], each read, sent (retried alone within the [`super::RetryLimits`]) and
-    /// dropped before the next; memory held is one part. The object appears whole when the upload
+    /// [`part_bytes`], [`UPLOAD_PARTS_IN_FLIGHT`] at a time, each read, sent (retried alone within
+    /// the [`super::RetryLimits`]) and dropped; memory held is that many parts. The object appears whole when the upload
     /// completes, or not at all: a failed upload is aborted. An upload whose process dies before
     /// it completes or aborts stays invisible but stored until the bucket's lifecycle rule
     /// (`AbortIncompleteMultipartUpload`) removes it.
@@ -59,19 +66,39 @@ impl S3Store {
     ) -> Result<Vec<PartId>, StorageError> {
         let part = part_bytes(len);
         let mut parts = Vec::with_capacity(len.div_ceil(part) as usize);
-        let mut left = len;
-        while left > 0 {
-            let mut buf = vec![0u8; part.min(left) as usize];
-            src.read_exact(&mut buf).map_err(|e| StorageError::io(self.display_path(rel), "read the source of", e))?;
-            left -= buf.len() as u64;
-            let payload = PutPayload::from(buf);
-            let idx = parts.len();
-            let (id, _) = self
-                .retrying(|| self.store.put_part(key, id, idx, payload.clone()))
-                .map_err(|f| self.failed("write", rel, f))?;
-            parts.push(id);
+        let mut in_flight: VecDeque<JoinHandle<Result<(PartId, bool), Failure>>> = VecDeque::new();
+        let sent = self.runtime.block_on(async {
+            let mut left = len;
+            while left > 0 || !in_flight.is_empty() {
+                if left > 0 && in_flight.len() < UPLOAD_PARTS_IN_FLIGHT {
+                    // Read while the parts in flight wait for their answers (a local scratch file:
+                    // milliseconds, against a round trip per part).
+                    let mut buf = vec![0u8; part.min(left) as usize];
+                    src.read_exact(&mut buf)
+                        .map_err(|e| StorageError::io(self.display_path(rel), "read the source of", e))?;
+                    left -= buf.len() as u64;
+                    let payload = PutPayload::from(buf);
+                    let idx = parts.len() + in_flight.len();
+                    let (store, key, id, retry) = (self.store.clone(), key.clone(), id.clone(), self.retry);
+                    in_flight.push_back(tokio::spawn(async move {
+                        retrying(retry, || store.put_part(&key, &id, idx, payload.clone())).await
+                    }));
+                    tokio::task::yield_now().await; // let it start before the next read
+                    continue;
+                }
+                let oldest = in_flight.pop_front().expect("a part in flight");
+                match oldest.await {
+                    Ok(Ok((part_id, _))) => parts.push(part_id),
+                    Ok(Err(f)) => return Err(self.failed("write", rel, f)),
+                    Err(e) => std::panic::resume_unwind(e.into_panic()), // never aborted before here
+                }
+            }
+            Ok(())
+        });
+        for rest in in_flight {
+            rest.abort(); // a part failed: the upload is aborted, the others need not finish
         }
-        Ok(parts)
+        sent.map(|()| parts)
     }
 }
 
