@@ -16,6 +16,8 @@ use std::sync::{Mutex, MutexGuard};
 #[derive(Debug, Default)]
 pub struct MemStore {
     files: Mutex<BTreeMap<String, Vec<u8>>>,
+    /// Reads of each path through the store since the last [`MemStore::take_reads`].
+    reads: Mutex<BTreeMap<String, usize>>,
     /// Held by the one run using this store (see `CheckpointStore::lock`).
     held: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
@@ -68,6 +70,12 @@ impl MemStore {
         self.lock().remove(path).is_some()
     }
 
+    /// How many times the store read each file since the last call (or since it was made), and
+    /// start counting again: what a test checks to see that a restore reads each file once.
+    pub fn take_reads(&self) -> BTreeMap<String, usize> {
+        std::mem::take(&mut *self.reads.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// A panic in a test holding the lock must not hide the store from the next assertion.
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Vec<u8>>> {
         self.files.lock().unwrap_or_else(|e| e.into_inner())
@@ -95,6 +103,7 @@ impl Files for MemStore {
     }
 
     fn read(&self, rel: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        *self.reads.lock().unwrap_or_else(|e| e.into_inner()).entry(rel.to_string()).or_default() += 1;
         Ok(self.lock().get(rel).cloned())
     }
 

@@ -191,6 +191,39 @@ fn a_checkpoint_writes_what_changed(backend: &StateBackend) {
     assert_exact(&out);
 }
 
+/// A restore reads each file of the restored checkpoint once: the verification that checks the
+/// chains hands them to the restore, which reads nothing again (a file read twice is a second
+/// copy of large state in memory, and twice the time).
+#[test]
+fn a_restore_reads_each_file_of_its_chains_once() {
+    let scratch = tempfile::tempdir().unwrap();
+    for backend in backends(scratch.path()) {
+        let store = Arc::new(cutline::MemStore::new());
+        let out = Arc::new(Mutex::new(MemoryTxnStore::default()));
+        let on = |store: &Arc<cutline::MemStore>| {
+            let mut cfg = config(scratch.path(), true, &backend);
+            cfg.store = store.clone();
+            cfg
+        };
+        let mut cfg = on(&store);
+        crash_at_commit(&mut cfg, 12);
+        cutline::run(&counting_job(out.clone()), cfg).expect_err("the injected failure stops the run");
+        let latest = store.latest_complete().unwrap().expect("a complete checkpoint");
+        let manifest = store.read_manifest(latest).unwrap();
+        let files: Vec<String> =
+            manifest.tasks.iter().flat_map(|t| t.base.iter().map(|b| b.file.clone()).chain([t.file.clone()])).collect();
+        assert!(keyed_handles(&manifest).any(|h| !h.base.is_empty()), "{backend:?}: no chain to read");
+        store.take_reads();
+        let report = cutline::run(&counting_job(out.clone()), on(&store)).expect("restores");
+        assert_eq!(report.restored_from, Some(latest));
+        let reads = store.take_reads();
+        for f in &files {
+            assert_eq!(reads.get(f).copied().unwrap_or(0), 1, "{backend:?}: {f} read that many times at the restore");
+        }
+        assert_exact(&out);
+    }
+}
+
 #[test]
 fn with_incremental_checkpoints_off_every_checkpoint_is_whole() {
     let scratch = tempfile::tempdir().unwrap();
