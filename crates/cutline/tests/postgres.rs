@@ -211,17 +211,28 @@ fn a_subtask_after_a_rescale_commits_rolls_back_and_answers_for_the_old_subtasks
         Sink::<u64>::abort(&mut a);
         prepared.push((p1, p2));
     }
+    // A run restored at parallelism 3 failed before its first checkpoint completed: its subtask 2,
+    // which no old subtask maps to, left a transaction prepared.
+    let mut failed = id_rows(&t);
+    failed.open(&ctx_of("take", 1, 2, 3)).unwrap();
+    write_all(&mut failed, 200..210);
+    failed.prepare(CheckpointId(2)).unwrap().unwrap();
+    Sink::<u64>::abort(&mut failed);
     // Generation 2 restores checkpoint 1 at parallelism 1: its one subtask takes over both.
     let mut b = id_rows(&t);
     b.open(&ctx_of("take", 2, 0, 1)).unwrap();
     assert!(Sink::<u64>::take_over(&mut b, &[0, 1], 2).unwrap(), "the sink refuses to rescale");
     assert_eq!(b.committed_after(Some(CheckpointId(1))).unwrap(), Some(false));
-    let to_commit: Vec<PreparedTxn> = prepared.iter().map(|(p1, _)| p1.clone()).collect();
-    b.recover(&to_commit).unwrap();
+    let to_commit: Vec<(u32, Vec<PreparedTxn>)> = (0..2).zip(prepared.iter().map(|(p1, _)| vec![p1.clone()])).collect();
+    b.recover_taken_over(&to_commit).unwrap();
     let ids: Vec<i64> = rows(&t).iter().map(|r| r.0.unwrap()).collect();
     let want: Vec<i64> = (0..10).chain(100..110).collect();
     assert_eq!(ids, want, "checkpoint 1's rows of both old subtasks, and nothing else");
-    assert_eq!(prepared_with("@take-"), Vec::<String>::new(), "checkpoint 2's transactions were not rolled back");
+    assert_eq!(
+        prepared_with("@take-"),
+        Vec::<String>::new(),
+        "checkpoint 2's transactions (or the failed run's) were not rolled back"
+    );
     // Old subtask 1's output committed past checkpoint 1 (by hand here) is seen by its new owner.
     let (_, p2) = &prepared[1];
     let mut c = id_rows(&t);
@@ -238,6 +249,41 @@ fn a_subtask_after_a_rescale_commits_rolls_back_and_answers_for_the_old_subtasks
         Some(true),
         "a taken-over subtask's commit after the restored checkpoint went unnoticed"
     );
+}
+
+/// Two old subtasks each deferred rows at checkpoint 2 (their checkpoint 1 was uncommitted, its
+/// rows locked); the one new subtask that takes both over writes both sets, each under the marker
+/// of the subtask that deferred it.
+#[test]
+fn regression_the_deferred_rows_of_two_old_subtasks_of_one_checkpoint_were_written_once_between_them() {
+    let _server = shared();
+    let t = table("t_take_over_deferred");
+    let upsert = || {
+        let row: RowFn<(String, i64)> = Arc::new(|(k, n): &(String, i64)| vec![k.as_str().into(), (*n).into()]);
+        PostgresSink::new(PostgresSinkConfig::upsert(&url(), &t, &["k", "n"], &["k"]), row)
+    };
+    let mut prepared = Vec::new();
+    for j in 0..2u32 {
+        let mut a = upsert();
+        a.open(&ctx_of("take-deferred", 1, j, 2)).unwrap();
+        a.recover(&[]).unwrap();
+        a.write((format!("a{j}"), 1)).unwrap();
+        let p1 = a.prepare(CheckpointId(1)).unwrap().unwrap();
+        a.write((format!("b{j}"), 2)).unwrap();
+        let p2 = a.prepare(CheckpointId(2)).unwrap().unwrap();
+        assert!(p2.gid.is_empty() && p2.deferred.len() == 1, "checkpoint 2 deferred its row: {p2:?}");
+        Sink::<(String, i64)>::abort(&mut a);
+        prepared.push((j, vec![p1, p2]));
+    }
+    let mut b = upsert();
+    b.open(&ctx_of("take-deferred", 2, 0, 1)).unwrap();
+    assert!(Sink::<(String, i64)>::take_over(&mut b, &[0, 1], 2).unwrap());
+    b.recover_taken_over(&prepared).unwrap();
+    let mut got: Vec<(String, i64)> = rows(&t).into_iter().map(|(_, k, n)| (k.unwrap(), n.unwrap())).collect();
+    got.sort();
+    let want: Vec<(String, i64)> =
+        [("a0", 1), ("a1", 1), ("b0", 2), ("b1", 2)].iter().map(|(k, n)| (k.to_string(), *n)).collect();
+    assert_eq!(got, want, "an old subtask's deferred rows were lost");
 }
 
 #[test]

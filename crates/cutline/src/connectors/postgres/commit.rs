@@ -8,12 +8,29 @@ use crate::error::{ConnectorError, ConnectorResult};
 use postgres::error::SqlState;
 
 impl<T> PostgresSink<T> {
-    /// Commit what checkpoint `txn` left: its prepared transaction, then its deferred rows; true if
-    /// the transaction was still prepared (false: committed before, or none).
-    pub(super) fn commit_one(&mut self, txn: &PreparedTxn) -> ConnectorResult<bool> {
+    /// Commit what checkpoint `txn` of subtask `subtask` left: its prepared transaction, then its
+    /// deferred rows; true if the transaction was still prepared (false: committed before, or none).
+    pub(super) fn commit_one(&mut self, subtask: u32, txn: &PreparedTxn) -> ConnectorResult<bool> {
         let now = self.commit_prepared(txn)?;
-        self.write_deferred(txn.checkpoint, &txn.deferred.0)?;
+        self.write_deferred(subtask, txn.checkpoint, &txn.deferred.0)?;
         Ok(now)
+    }
+
+    /// Recovery: commit what the restored checkpoint prepared (each with the subtask that prepared
+    /// it), in checkpoint order, as they were (or would have been) committed; then roll back every
+    /// other prepared transaction this instance recovers.
+    pub(super) fn recover_from(&mut self, mut to_commit: Vec<(u32, &PreparedTxn)>) -> ConnectorResult<()> {
+        to_commit.sort_by_key(|(j, t)| (t.checkpoint, *j));
+        for (j, txn) in to_commit {
+            if self.commit_one(j, txn)? {
+                tracing::info!(
+                    event = "sink_recovered_commit",
+                    gid = %txn.gid,
+                    "committed a transaction the restored checkpoint prepared (its completion had not reached the sink)"
+                );
+            }
+        }
+        self.roll_back_prepared()
     }
 
     /// Commit one prepared transaction (true), or learn from its marker row that it was committed
@@ -40,9 +57,10 @@ impl<T> PostgresSink<T> {
             Err(e) => Err(self.control_failed(&format!("COMMIT PREPARED {}", txn.gid), e)),
         }
     }
-    /// Roll back every prepared transaction whose name starts with `prefix` (one subtask's of this
-    /// job and sink), except those of a generation newer than `own`.
-    pub(super) fn roll_back_prepared(&mut self, prefix: &str, own: u64) -> ConnectorResult<()> {
+    /// Roll back every prepared transaction of this job's sink that a subtask this instance
+    /// recovers prepared (`recovers`), except those of a generation newer than its own.
+    fn roll_back_prepared(&mut self) -> ConnectorResult<()> {
+        let (prefix, own) = (self.sink_prefix(), self.ctx().incarnation);
         let rows = {
             let c = self.control()?;
             c.query(
@@ -53,7 +71,12 @@ impl<T> PostgresSink<T> {
         let rows = rows.map_err(|e| self.control_failed("listing pg_prepared_xacts", e))?;
         for r in rows {
             let gid: String = r.get(0);
-            if of_a_newer_generation(&gid[prefix.len()..], own) {
+            // `<subtask>@<incarnation>-<checkpoint>` after the sink's prefix.
+            let Some((j, rest)) = gid[prefix.len()..].split_once('@') else { continue };
+            if !j.parse::<u32>().is_ok_and(|j| self.recovers(j)) {
+                continue; // another subtask's
+            }
+            if of_a_newer_generation(rest, own) {
                 continue; // a newer run's, not ours to roll back
             }
             let c = self.control()?;

@@ -12,9 +12,10 @@
 //! in `pg_prepared_xacts` whose marker row is visible was committed; one with neither was lost, and
 //! that is an error, never silently skipped. At a restore the sink commits what the restored
 //! checkpoint prepared and rolls back every other prepared transaction of this job's subtask (never
-//! another job's or sink's, nor a newer generation's). A restore at another parallelism does the
-//! same for the old subtasks each new one takes over (`Sink::take_over`): their transaction names
-//! and marker rows carry their subtask, so the new subtask lists, commits and answers for those too.
+//! another job's or sink's, nor a newer generation's). It answers for every subtask `j` with
+//! `j % parallelism == subtask`: after a restore at another parallelism, the old subtasks it takes
+//! over (`Sink::take_over`), and the leftovers of a failed run at a higher parallelism. Transaction
+//! names and marker rows carry their subtask, so it lists, commits and answers for those too.
 //!
 //! An upserting subtask never writes a key that its own prepared transaction of an earlier
 //! checkpoint still locks (it is the thread that would commit it): while one of its checkpoints is
@@ -164,9 +165,6 @@ pub struct PostgresSink<T> {
     in_txn: bool,
     /// Checkpoints this instance prepared (or deferred rows for) and has not committed yet.
     uncommitted: std::collections::BTreeSet<u64>,
-    /// After a rescale, the old subtasks whose transactions this instance answers for
-    /// ([`Sink::take_over`]).
-    taken_over: Vec<u32>,
 }
 
 impl<T> Clone for PostgresSink<T> {
@@ -197,7 +195,6 @@ impl<T> PostgresSink<T> {
             buffered_keys: HashMap::new(),
             in_txn: false,
             uncommitted: Default::default(),
-            taken_over: Vec::new(),
         }
     }
 
@@ -211,17 +208,21 @@ impl<T> PostgresSink<T> {
     }
 
     fn prefix_of(&self, subtask: u32) -> String {
-        let c = self.ctx();
-        format!("cutline@{}@{}@{subtask}@", c.job, c.uid)
+        format!("{}{subtask}@", self.sink_prefix())
     }
 
-    /// The subtasks whose transactions this instance recovers: its own, and after a rescale those
-    /// of the old subtasks it took over.
-    fn recovered_subtasks(&self) -> Vec<u32> {
-        let own = self.ctx().subtask;
-        let mut all = vec![own];
-        all.extend(self.taken_over.iter().copied().filter(|j| *j != own));
-        all
+    /// Transaction names of this job's sink, any subtask, start with this.
+    fn sink_prefix(&self) -> String {
+        let c = self.ctx();
+        format!("cutline@{}@{}@", c.job, c.uid)
+    }
+
+    /// Whether this instance recovers the transactions of subtask `j` of any run: its own, those of
+    /// the old subtasks it takes over after a rescale, and those a failed run at a higher
+    /// parallelism left prepared (`j % parallelism == subtask` covers all, each `j` once).
+    fn recovers(&self, j: u32) -> bool {
+        let c = self.ctx();
+        j % c.parallelism.max(1) == c.subtask
     }
 
     fn control(&mut self) -> ConnectorResult<&mut Client> {
@@ -416,32 +417,21 @@ impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
     }
 
     fn recover(&mut self, to_commit: &[PreparedTxn]) -> ConnectorResult<()> {
-        // In checkpoint order, as they were (or would have been) committed.
-        let mut to_commit: Vec<&PreparedTxn> = to_commit.iter().collect();
-        to_commit.sort_by_key(|t| t.checkpoint);
-        for txn in to_commit {
-            if self.commit_one(txn)? {
-                tracing::info!(
-                    event = "sink_recovered_commit",
-                    gid = %txn.gid,
-                    "committed a transaction the restored checkpoint prepared (its completion had not reached the sink)"
-                );
-            }
-        }
-        let own = self.ctx().incarnation;
-        let prefixes: Vec<String> = self.recovered_subtasks().into_iter().map(|j| self.prefix_of(j)).collect();
-        for prefix in prefixes {
-            self.roll_back_prepared(&prefix, own)?;
-        }
-        Ok(())
+        let own = self.ctx().subtask;
+        self.recover_from(to_commit.iter().map(|t| (own, t)).collect())
     }
 
-    /// The restored checkpoint has this sink at another parallelism: the old subtasks' transaction
-    /// names carry their own subtask, and so do their marker rows, so taking them over is listing
-    /// and answering for their prefixes too.
-    fn take_over(&mut self, old_subtasks: &[u32], _old_parallelism: u32) -> ConnectorResult<bool> {
-        self.taken_over = old_subtasks.to_vec();
+    /// The restored checkpoint has this sink at another parallelism. The old subtasks' transaction
+    /// names and marker rows carry their subtask, and `recover` and `committed_after` cover every
+    /// subtask `j` with `j % parallelism == subtask`: nothing more to do here.
+    fn take_over(&mut self, _old_subtasks: &[u32], _old_parallelism: u32) -> ConnectorResult<bool> {
         Ok(true)
+    }
+
+    /// As `recover`, with the rows each old subtask deferred written under that subtask's marker
+    /// (two old subtasks' deferred rows of one checkpoint are two writes, not one).
+    fn recover_taken_over(&mut self, prepared: &[(u32, Vec<PreparedTxn>)]) -> ConnectorResult<()> {
+        self.recover_from(prepared.iter().flat_map(|(j, txns)| txns.iter().map(move |t| (*j, t))).collect())
     }
 
     fn write(&mut self, item: T) -> ConnectorResult<()> {
@@ -510,8 +500,9 @@ impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
     }
 
     fn commit(&mut self, committables: &[PreparedTxn]) -> ConnectorResult<()> {
+        let own = self.ctx().subtask;
         for txn in committables {
-            self.commit_one(txn)?;
+            self.commit_one(own, txn)?;
             self.uncommitted.remove(&txn.checkpoint);
         }
         Ok(())
@@ -548,11 +539,12 @@ impl<T: Send + 'static> Sink<T> for PostgresSink<T> {
             None => -1i64,
             Some(cp) => i64::try_from(cp.0).unwrap_or(i64::MAX),
         };
-        let subtasks: Vec<i32> = self.recovered_subtasks().into_iter().map(|j| j as i32).collect();
+        // Every subtask this instance recovers (see `recovers`).
+        let (parallelism, subtask) = (c.parallelism.max(1) as i32, c.subtask as i32);
         let sql = format!(
-            "SELECT EXISTS (SELECT 1 FROM {MARKER_TABLE} WHERE job = $1 AND sink = $2 AND subtask = ANY($3) AND checkpoint > $4)"
+            "SELECT EXISTS (SELECT 1 FROM {MARKER_TABLE} WHERE job = $1 AND sink = $2 AND subtask % $3 = $4 AND checkpoint > $5)"
         );
-        let res = self.control()?.query_one(&sql, &[&c.job, &c.uid, &subtasks, &after]);
+        let res = self.control()?.query_one(&sql, &[&c.job, &c.uid, &parallelism, &subtask, &after]);
         match res {
             Ok(row) => Ok(Some(row.get(0))),
             Err(e) => Err(self.control_failed("reading the commit markers", e)),

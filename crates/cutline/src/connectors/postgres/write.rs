@@ -87,17 +87,19 @@ impl<T> PostgresSink<T> {
         self.key.is_some() && !self.uncommitted.is_empty()
     }
 
-    /// Write the rows checkpoint `checkpoint` deferred, once: in one transaction on the control
-    /// connection with the marker row `<prefix><incarnation>-<checkpoint>-deferred`; a marker already
-    /// there (a commit before a crash, a second recovery) means they were written.
-    pub(super) fn write_deferred(&mut self, checkpoint: u64, rows: &[Vec<Param>]) -> ConnectorResult<()> {
+    /// Write the rows checkpoint `checkpoint` of subtask `subtask` deferred, once: in one
+    /// transaction on the control connection with the marker row
+    /// `<prefix of subtask><incarnation>-<checkpoint>-deferred`; a marker already there (a commit
+    /// before a crash, a second recovery) means they were written. `subtask` is this instance's own,
+    /// or an old subtask it took over after a rescale.
+    pub(super) fn write_deferred(&mut self, subtask: u32, checkpoint: u64, rows: &[Vec<Param>]) -> ConnectorResult<()> {
         if rows.is_empty() {
             return Ok(());
         }
         let c = self.ctx().clone();
-        let gid = format!("{}{}-{checkpoint}-deferred", self.prefix(), c.incarnation);
+        let gid = format!("{}{}-{checkpoint}-deferred", self.prefix_of(subtask), c.incarnation);
         let cp = i64::try_from(checkpoint).map_err(|_| ConnectorError::permanent("checkpoint id beyond i64"))?;
-        let subtask = c.subtask as i32;
+        let subtask = subtask as i32;
         let (per_statement, lock_wait_ms) = (self.config.batch_rows, self.config.lock_wait_ms);
         let (table, columns, types, binds, key) =
             (self.table.clone(), self.columns.clone(), self.types.clone(), self.binds.clone(), self.key.clone());
