@@ -504,6 +504,39 @@ fn bad_configurations_are_refused_at_open_with_what_is_wrong() {
     }
 }
 
+/// Sink subtasks opened at once against a schema without the marker table: each creates it if
+/// missing, under an advisory lock; a look after taking the lock can miss a creation just
+/// committed, and the loser met "relation already exists" and failed its task (seen in CI).
+#[test]
+fn regression_subtasks_creating_the_marker_table_at_once_failed_on_a_fresh_schema() {
+    let _server = shared();
+    for round in 0..5 {
+        let schema = format!("fresh_{}_{round}", std::process::id());
+        sql()
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id bigint)"
+            ))
+            .unwrap();
+        let url = format!("{}?options=-c%20search_path%3D{schema}", url());
+        let start = Arc::new(std::sync::Barrier::new(8));
+        let opened: Vec<_> = (0..8u32)
+            .map(|j| {
+                let (url, start) = (url.clone(), start.clone());
+                std::thread::spawn(move || {
+                    let row: RowFn<u64> = Arc::new(|i: &u64| vec![SqlValue::from(*i as i64)]);
+                    let mut s = PostgresSink::new(PostgresSinkConfig::insert(&url, "t", &["id"]), row);
+                    start.wait();
+                    s.open(&ctx_of("fresh", 1, j, 8)).map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        for (j, t) in opened.into_iter().enumerate() {
+            t.join().unwrap().unwrap_or_else(|e| panic!("round {round}, subtask {j}: {e}"));
+        }
+        sql().batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).unwrap();
+    }
+}
+
 #[test]
 fn a_server_without_prepared_transactions_is_refused_with_how_to_fix_it() {
     let _server = shared();

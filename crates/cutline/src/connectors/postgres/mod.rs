@@ -42,6 +42,7 @@ use crate::error::{ConnectorError, ConnectorResult};
 use cutline_core::CheckpointId;
 pub use param::DeferredRows;
 use param::{Bind, Param};
+use postgres::error::SqlState;
 use postgres::{Client, Config};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -304,9 +305,21 @@ impl<T> PostgresSink<T> {
                 if exists(c)? {
                     return c.batch_execute("COMMIT");
                 }
-                c.batch_execute(&format!("{ddl}; COMMIT")).inspect_err(|_| {
-                    let _ = c.batch_execute("ROLLBACK");
-                })
+                match c.batch_execute(&format!("{ddl}; COMMIT")) {
+                    Ok(()) => Ok(()),
+                    Err(e) => {
+                        let _ = c.batch_execute("ROLLBACK");
+                        // Another subtask created it first: the look after taking the lock can miss
+                        // that (an advisory lock does not refresh this session's view of the
+                        // catalog), and the creation then meets the name taken.
+                        let raced = [SqlState::DUPLICATE_TABLE, SqlState::UNIQUE_VIOLATION];
+                        if e.code().is_some_and(|code| raced.contains(code)) {
+                            Ok(())
+                        } else {
+                            Err(e)
+                        }
+                    }
+                }
             })();
             if let Err(e) = result {
                 return Err(self.control_failed(&format!("creating {name}"), e));
