@@ -648,7 +648,7 @@ fn a_spooled_state_file_larger_than_a_part_is_uploaded_in_parts_and_reads_back_w
         let frame = TaskStateFrame::spool(&dir.path().join(format!("{at}.spool")), |w| w.write_all(&payload)).unwrap();
         assert!(frame.is_spooled());
         proxy.refuse_puts_only.store(true, Ordering::SeqCst);
-        proxy.refuse_next.store(refused, Ordering::SeqCst); // fewer than the attempts: the first part's
+        proxy.refuse_next.store(refused, Ordering::SeqCst); // fewer than any part's attempts
         proxy.put_answer_delay_ms.store(100, Ordering::SeqCst); // a slow store: parts overlap
         let handle =
             store.write_task_frame(CheckpointId(at), &OperatorId::new("op"), SubtaskIndex(0), 1, None, &frame).unwrap();

@@ -49,7 +49,7 @@ impl Files for S3Store {
     }
 
     /// Up to [`UPLOAD_PART_BYTES`](super::upload::UPLOAD_PART_BYTES): read whole, then one PUT.
-    /// Larger: a multipart upload, holding one part at a time.
+    /// Larger: a multipart upload, holding the parts in flight (`UPLOAD_PARTS_IN_FLIGHT`).
     fn put_from(&self, rel: &str, src: &mut dyn std::io::Read, len: u64) -> Result<(), StorageError> {
         if len <= super::upload::UPLOAD_PART_BYTES {
             return self.put(rel, &read_source(&self.display_path(rel), src, len)?);

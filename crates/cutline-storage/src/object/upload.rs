@@ -67,38 +67,42 @@ impl S3Store {
         let part = part_bytes(len);
         let mut parts = Vec::with_capacity(len.div_ceil(part) as usize);
         let mut in_flight: VecDeque<JoinHandle<Result<(PartId, bool), Failure>>> = VecDeque::new();
-        let sent = self.runtime.block_on(async {
-            let mut left = len;
-            while left > 0 || !in_flight.is_empty() {
+        let mut left = len;
+        // The parts are tasks on the store's runtime, which runs them while this thread (or another
+        // using the store) waits in `block_on`; the next part is read outside it, so the runtime is
+        // free for other threads meanwhile.
+        let sent =
+            loop {
                 if left > 0 && in_flight.len() < UPLOAD_PARTS_IN_FLIGHT {
-                    // Read while the parts in flight wait for their answers (a local scratch file:
-                    // milliseconds, against a round trip per part).
                     let mut buf = vec![0u8; part.min(left) as usize];
-                    src.read_exact(&mut buf)
-                        .map_err(|e| StorageError::io(self.display_path(rel), "read the source of", e))?;
+                    if let Err(e) = src.read_exact(&mut buf) {
+                        break Err(StorageError::io(self.display_path(rel), "read the source of", e));
+                    }
                     left -= buf.len() as u64;
                     let payload = PutPayload::from(buf);
                     let idx = parts.len() + in_flight.len();
                     let (store, key, id, retry) = (self.store.clone(), key.clone(), id.clone(), self.retry);
-                    in_flight.push_back(tokio::spawn(async move {
+                    in_flight.push_back(self.runtime.spawn(async move {
                         retrying(retry, || store.put_part(&key, &id, idx, payload.clone())).await
                     }));
-                    tokio::task::yield_now().await; // let it start before the next read
                     continue;
                 }
-                let oldest = in_flight.pop_front().expect("a part in flight");
-                match oldest.await {
+                let Some(oldest) = in_flight.pop_front() else { break Ok(parts) };
+                match self.runtime.block_on(oldest) {
                     Ok(Ok((part_id, _))) => parts.push(part_id),
-                    Ok(Err(f)) => return Err(self.failed("write", rel, f)),
-                    Err(e) => std::panic::resume_unwind(e.into_panic()), // never aborted before here
+                    Ok(Err(f)) => break Err(self.failed("write", rel, f)),
+                    Err(e) => {
+                        // A part's task panicked (never aborted before it is awaited): stop the others
+                        // before passing the panic on.
+                        in_flight.iter().for_each(JoinHandle::abort);
+                        std::panic::resume_unwind(e.into_panic())
+                    }
                 }
-            }
-            Ok(())
-        });
-        for rest in in_flight {
-            rest.abort(); // a part failed: the upload is aborted, the others need not finish
-        }
-        sent.map(|()| parts)
+            };
+        // After a failure: the upload is aborted, so the other parts need not finish (their tasks
+        // end when the runtime next runs, at the abort).
+        in_flight.iter().for_each(JoinHandle::abort);
+        sent
     }
 }
 
