@@ -1,6 +1,6 @@
 //! The storage conformance suite (`tests/common`) on the stores that need no server: `LocalDirStore`
 //! (module `local`) and `MemStore` (module `mem`), one test per scenario and store; plus what only a
-//! local directory or only the memory store has. `tests/s3.rs` runs the same suite on `S3Store`.
+//! local directory or only the memory store has. `tests/s3/` runs the same suite on `S3Store`.
 
 #[macro_use]
 mod common;

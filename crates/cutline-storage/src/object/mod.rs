@@ -61,6 +61,7 @@ pub use upload::{MAX_UPLOAD_PARTS, UPLOAD_PARTS_IN_FLIGHT, UPLOAD_PART_BYTES};
 use crate::error::StorageError;
 use crate::store::Files;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::client::{HttpClient, HttpConnector, ReqwestConnector};
 use object_store::path::Path as ObjectPath;
 use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig};
 use std::path::PathBuf;
@@ -97,6 +98,9 @@ pub struct S3Store {
     prefix: String,
     location: String,
     retry: RetryLimits,
+    /// A client of its own for the one request `object_store` lacks (listing the open uploads of a
+    /// key, see `upload.rs`), with the same timeouts.
+    http: HttpClient,
 }
 
 impl std::fmt::Debug for S3Store {
@@ -127,6 +131,9 @@ impl S3Store {
             .with_allow_http(config.allow_http)
             .with_timeout(retry.request_timeout)
             .with_connect_timeout(retry.connect_timeout);
+        let http = ReqwestConnector::default()
+            .connect(&options)
+            .map_err(|e| invalid(format!("the object store client refused it: {e}")))?;
         let mut builder = AmazonS3Builder::new()
             .with_bucket_name(&config.bucket)
             .with_region(&config.region)
@@ -155,6 +162,7 @@ impl S3Store {
             prefix: config.prefix.trim_matches('/').to_string(),
             location: location.clone(),
             retry,
+            http,
         };
         s3.probe().map_err(|e| match e {
             StorageError::Remote { status: Some(404), .. } => invalid(format!(

@@ -1,6 +1,6 @@
 //! Unit tests that need crate internals or pin the contract's panics. The store scenarios, written once
 //! and run against every store, are the conformance suite in `tests/` (`tests/common`,
-//! `tests/conformance.rs`, `tests/s3.rs`).
+//! `tests/conformance.rs`, `tests/s3/`).
 
 mod contract;
 mod faulty;

@@ -1,7 +1,7 @@
 //! The storage conformance suite: every scenario is written once, against a [`Harness`] (a store plus
 //! raw access to the files underneath, to simulate crashes, corruption and files moved by hand), and
 //! [`conformance_suite!`] turns each into one `#[test]` per store. `tests/conformance.rs` instantiates
-//! it for `LocalDirStore` and `MemStore`, `tests/s3.rs` for `S3Store` (feature `s3`, real server).
+//! it for `LocalDirStore` and `MemStore`, `tests/s3/` for `S3Store` (feature `s3`, real server).
 //!
 //! - [`basics`]: the store contract (write, commit, list, verify, discard, damage, leftovers, meta).
 //! - [`fencing`]: the fencing of a zombie's commits, as tables of steps checked against a model.
