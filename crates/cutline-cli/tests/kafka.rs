@@ -1,10 +1,10 @@
 //! `cutline run wordcount --input kafka://... --output kafka://...` against a real broker (feature
 //! `kafka`; `scripts/test` starts Tansu and exports `CUTLINE_KAFKA_BROKERS`): killed with SIGKILL at
 //! random moments and, with `--kill-self-at`, in the commit window and at the other steps of the
-//! sink's protocol, then resumed; in one process and on two workers, and (with feature `postgres`)
-//! into a PostgreSQL table. Word count emits every update of a word's count, so a
-//! `read_committed` consumer of the output must see each (word, n) for n = 1..count exactly once: a
-//! duplicate shows as a pair seen twice, a loss as a pair missing.
+//! sink's protocol, then resumed; in one process (also at another parallelism each time) and on two
+//! workers, and (with feature `postgres`) into a PostgreSQL table. Word count emits every update of
+//! a word's count, so a `read_committed` consumer of the output must see each (word, n) for
+//! n = 1..count exactly once: a duplicate shows as a pair seen twice, a loss as a pair missing.
 #![cfg(all(unix, feature = "kafka"))]
 
 mod common;
@@ -56,10 +56,44 @@ fn wordcount_from_kafka_into_kafka_killed_at_random_moments_then_resumed_commits
     // Tansu 0.6.0 can lose the offsets of a transaction sharing a partition with another producer's.
     let output_url = format!("kafka://{}/{output}?partitioning=fixed", brokers());
     let args = wordcount_job(&input_url, &output_url, &scratch.arg("state"), "20ms", 40, &["-v"]);
-    let drill = Drill { rounds: 8, kill_delay_ms: (300, 1200), time_limit: Duration::from_secs(240), seed: 5 };
-    let DrillReport { killed, restored } = kill_and_resume(&scratch, &args, &drill);
+    let drill = Drill {
+        rounds: 8,
+        kill_delay_ms: (300, 1200),
+        parallelism: &[],
+        time_limit: Duration::from_secs(240),
+        seed: 5,
+    };
+    let DrillReport { killed, restored, .. } = kill_and_resume(&scratch, &args, &drill);
     assert_each_update_once(&text, &output);
     eprintln!("{killed} kills, restored checkpoints {restored:?}");
+}
+
+/// The same drill with every restart at another parallelism (2, 3, 1, 3, 2, 3, 1, ...; the runs that
+/// kill themselves at a step of the sink's protocol all at 3, the next at 1 or 2): the source's
+/// partitions go to their owners at the new parallelism, and each sink subtask takes over the old
+/// subtasks `j` with `j % parallelism == subtask`, committing their checkpoints under their own
+/// transactional ids and markers (at most 3 subtasks for 3 output partitions, so that with `fixed`
+/// partitioning no two producers share one).
+#[test]
+fn wordcount_from_kafka_into_kafka_resumed_at_another_parallelism_after_each_kill_commits_every_update_once() {
+    let scratch = Scratch::new("kafka-rescale");
+    let text = word_lines(37, 30_000, (1, 8), 300);
+    let input = topic("cli-rescale-lines", 4);
+    let output = topic("cli-rescale-counts", OUTPUT_PARTITIONS);
+    produce_lines(&input, &text);
+    let input_url = format!("kafka://{}/{input}?bounded=true", brokers());
+    let output_url = format!("kafka://{}/{output}?partitioning=fixed", brokers());
+    let args = wordcount_job(&input_url, &output_url, &scratch.arg("state"), "20ms", 40, &["-v"]);
+    let drill = Drill {
+        rounds: 10,
+        kill_delay_ms: (300, 1200),
+        parallelism: &[2, 3, 1, 3],
+        time_limit: Duration::from_secs(240),
+        seed: 41,
+    };
+    let report = kill_and_resume(&scratch, &args, &drill);
+    assert_each_update_once(&text, &output);
+    eprintln!("{} kills; restores (checkpoint, written at, restored at): {:?}", report.killed, report.restores);
 }
 
 /// The same pipeline on a cluster of two worker processes (one source and one sink subtask each,
@@ -98,8 +132,14 @@ fn wordcount_from_kafka_into_postgres_killed_at_random_moments_then_resumed_hold
     psql(&format!("DROP TABLE IF EXISTS {table}"));
     let output = format!("{}?table={table}", url());
     let args = wordcount_job(&input_url, &output, &scratch.arg("state"), "20ms", 100, &["-v"]);
-    let drill = Drill { rounds: 8, kill_delay_ms: (300, 1200), time_limit: Duration::from_secs(240), seed: 9 };
-    let DrillReport { killed, restored } = kill_and_resume(&scratch, &args, &drill);
+    let drill = Drill {
+        rounds: 8,
+        kill_delay_ms: (300, 1200),
+        parallelism: &[],
+        time_limit: Duration::from_secs(240),
+        seed: 9,
+    };
+    let DrillReport { killed, restored, .. } = kill_and_resume(&scratch, &args, &drill);
     assert_exact_counts(&text, &input_url, table, &restored, &scratch.events("runs"));
     eprintln!("{killed} kills, restored checkpoints {restored:?}");
 }

@@ -1,8 +1,9 @@
 //! `cutline run wordcount --output postgres://...?table=NAME` against a real PostgreSQL server
 //! (feature `postgres`; `scripts/test` starts one and exports `CUTLINE_PG_URL`): killed with SIGKILL
 //! at random moments and, with `--kill-self-at`, exactly in the commit window and at the other steps
-//! of the sink's protocol, then resumed; the table must hold exactly the failure-free counts, nothing prepared may be left over,
-//! and at least one run must have restored a checkpoint.
+//! of the sink's protocol, then resumed, also at another parallelism each time; the table must hold
+//! exactly the failure-free counts, nothing prepared may be left over, and at least one run must
+//! have restored a checkpoint.
 #![cfg(all(unix, feature = "postgres"))]
 
 mod common;
@@ -10,7 +11,7 @@ mod common;
 use common::cluster::sink_chaos;
 use common::drill::{kill_and_resume, Drill, DrillReport};
 use common::pg::{assert_exact_counts, file_input, psql, url};
-use common::{cutline, word_lines, wordcount_job, Scratch};
+use common::{cutline, named, word_lines, wordcount_job, Scratch};
 use std::time::Duration;
 
 #[test]
@@ -22,10 +23,55 @@ fn wordcount_into_postgres_killed_at_random_moments_then_resumed_holds_exactly_t
     psql(&format!("DROP TABLE IF EXISTS {table}"));
     let output = format!("{}?table={table}", url());
     let args = wordcount_job(&input.display().to_string(), &output, &scratch.arg("state"), "20ms", 30, &["-v"]);
-    let drill = Drill { rounds: 8, kill_delay_ms: (150, 900), time_limit: Duration::from_secs(180), seed: 7 };
-    let DrillReport { killed, restored } = kill_and_resume(&scratch, &args, &drill);
+    let drill =
+        Drill { rounds: 8, kill_delay_ms: (150, 900), parallelism: &[], time_limit: Duration::from_secs(180), seed: 7 };
+    let DrillReport { killed, restored, .. } = kill_and_resume(&scratch, &args, &drill);
     assert_exact_counts(&text, &file_input(&input), table, &restored, &scratch.events("runs"));
     eprintln!("{killed} kills, restored checkpoints {restored:?}");
+}
+
+/// The same drill with every restart at another parallelism (2, 3, 1, 3, 2, 3, 1, ...): each run
+/// restores the checkpoint a run at another parallelism wrote, and its sink subtasks take over the
+/// prepared transactions of the old subtasks (`j % parallelism == subtask`), committing those of the
+/// restored checkpoint and rolling back the rest. The runs that kill themselves at a step of the
+/// sink's protocol (odd rounds) all run at 3 and the next at 1 or 2, so that the commit window they
+/// leave is recovered by fewer subtasks than prepared it.
+#[test]
+fn wordcount_into_postgres_resumed_at_another_parallelism_after_each_kill_holds_exactly_the_failure_free_counts() {
+    let scratch = Scratch::new("pg-rescale");
+    let text = word_lines(29, 40_000, (1, 8), 20_000);
+    let input = scratch.write("input.txt", &text);
+    let table = "cli_rescale_counts";
+    psql(&format!("DROP TABLE IF EXISTS {table}"));
+    let output = format!("{}?table={table}", url());
+    let args = wordcount_job(&input.display().to_string(), &output, &scratch.arg("state"), "20ms", 30, &["-v"]);
+    let drill = Drill {
+        rounds: 10,
+        kill_delay_ms: (150, 900),
+        parallelism: &[2, 3, 1, 3],
+        time_limit: Duration::from_secs(180),
+        seed: 31,
+    };
+    let report = kill_and_resume(&scratch, &args, &drill);
+    assert_exact_counts(&text, &file_input(&input), table, &report.restored, &scratch.events("runs"));
+    // The drill must have hit the commit window of a subtask that the next run no longer has: a
+    // transaction it prepared (`...@<subtask>@<incarnation>-<checkpoint>`) committed by the subtask
+    // that took it over.
+    let taken_over: Vec<(u32, &str)> = report
+        .runs
+        .iter()
+        .flat_map(|(p, events)| named(events, "sink_recovered_commit").map(move |e| (*p, e.str("gid").unwrap_or(""))))
+        .filter(|(p, gid)| gid.rsplit('@').nth(1).and_then(|j| j.parse::<u32>().ok()).is_some_and(|j| j >= *p))
+        .collect();
+    assert!(
+        !taken_over.is_empty(),
+        "no run committed a prepared transaction of an old subtask it took over; restores {:?}",
+        report.restores
+    );
+    eprintln!(
+        "{} kills; restores (checkpoint, written at, restored at): {:?}; taken over and committed (parallelism, gid): {taken_over:?}",
+        report.killed, report.restores
+    );
 }
 
 /// The same job on a cluster of two worker processes (one sink subtask each, so each prepares and
