@@ -5,12 +5,35 @@
 use cutline::testing::sim::{run_seed, SimAlignment, SimOptions};
 use cutline::CheckpointMode;
 
-/// Seeds per scenario: CI runs 10 000; `SIM_SEEDS=n` runs more (or fewer), `SIM_SEED=s` runs only seed s.
-fn seeds() -> std::ops::Range<u64> {
+/// Most seeds a scenario runs by default.
+const MAX_SEEDS: u64 = 10_000;
+/// Fewest seeds a scenario runs by default, however long they take.
+const MIN_SEEDS: u64 = 1_000;
+/// Wall-clock seconds after which a scenario stops taking new seeds by default (once it has run
+/// `MIN_SEEDS`): nine scenarios on two cores then take about 23 minutes whatever the machine's speed,
+/// and a faster machine runs more seeds. `SIM_BUDGET_S` changes it. With 10,000 seeds each the nine
+/// took 69 minutes of a CI run of 86 on this project's machine, too close to CI's 90.
+const DEFAULT_BUDGET_S: u64 = 300;
+
+/// The seeds of a scenario: by default `0..MAX_SEEDS`, cut short by the time budget; `SIM_SEEDS=n`
+/// runs exactly `0..n` and `SIM_SEED=s` only seed `s`, without a budget.
+struct Seeds {
+    range: std::ops::Range<u64>,
+    budget: Option<std::time::Duration>,
+    /// Seeds run before the budget may end the scenario.
+    min: u64,
+}
+
+fn seeds() -> Seeds {
     let var = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<u64>().ok());
-    match var("SIM_SEED") {
-        Some(s) => s..s + 1,
-        None => 0..var("SIM_SEEDS").unwrap_or(10_000),
+    match (var("SIM_SEED"), var("SIM_SEEDS")) {
+        (Some(s), _) => Seeds { range: s..s + 1, budget: None, min: 1 },
+        (None, Some(n)) => Seeds { range: 0..n, budget: None, min: n },
+        (None, None) => Seeds {
+            range: 0..MAX_SEEDS,
+            budget: Some(std::time::Duration::from_secs(var("SIM_BUDGET_S").unwrap_or(DEFAULT_BUDGET_S))),
+            min: MIN_SEEDS,
+        },
     }
 }
 
@@ -18,14 +41,20 @@ fn run_all(name: &str, o: SimOptions) {
     run_seeds(name, o, seeds())
 }
 
-fn run_seeds(name: &str, o: SimOptions, range: std::ops::Range<u64>) {
-    let n = range.end - range.start;
+fn run_seeds(name: &str, o: SimOptions, seeds: Seeds) {
+    let start = std::time::Instant::now();
+    let mut n = 0;
     let mut failovers = 0;
     let mut crashes = 0;
     let mut cuts = 0;
     let mut late = 0;
     let mut total = cutline::testing::sim::SimReport::default();
-    for seed in range {
+    for seed in seeds.range.clone() {
+        let over_budget = seeds.budget.is_some_and(|b| start.elapsed() > b);
+        if over_budget && n >= seeds.min {
+            break;
+        }
+        n += 1;
         match run_seed(seed, &o) {
             Ok(r) => {
                 failovers += r.failovers;
@@ -49,7 +78,8 @@ fn run_seeds(name: &str, o: SimOptions, range: std::ops::Range<u64>) {
         }
     }
     eprintln!(
-        "{name}: {n} seeds passed; {failovers} failovers, {crashes} process crashes, {cuts} consistent cuts checked, {late} late writes of older generations; {} in-flight batches in checkpoints, {} switched snapshots, {} retunes, {} stalls, {} savepoints requested, {} stops with a savepoint, {} generation claims failed by storage, {} incremental checkpoints checked, {} seeds with state on disk, {} removed keys checked absent",
+        "{name}: {n} seeds passed ({}..{}) in {:.0} s; {failovers} failovers, {crashes} process crashes, {cuts} consistent cuts checked, {late} late writes of older generations; {} in-flight batches in checkpoints, {} switched snapshots, {} retunes, {} stalls, {} savepoints requested, {} stops with a savepoint, {} generation claims failed by storage, {} incremental checkpoints checked, {} seeds with state on disk, {} removed keys checked absent",
+        seeds.range.start, seeds.range.start + n, start.elapsed().as_secs_f64(),
         total.in_flight_batches, total.switched_snapshots, total.retunes, total.stalls, total.savepoints_requested, total.stopped_with_savepoint, total.failed_claims, total.incremental_cuts, total.disk_state_seeds, total.removed_keys_checked
     );
     // The scenario must really exercise recovery, or it proves nothing.
@@ -97,9 +127,10 @@ fn exactly_once_with_two_concurrent_checkpoints() {
 
 #[test]
 fn exactly_once_under_a_failure_storm() {
-    // Slow per seed (dozens of failovers each): a fifth of the seeds.
-    let r = seeds();
-    let r = r.start..r.start + (r.end - r.start).div_ceil(5);
+    // Slow per seed (dozens of failovers each): a fifth of the seeds (and of the fewest).
+    let mut r = seeds();
+    r.range = r.range.start..r.range.start + (r.range.end - r.range.start).div_ceil(5);
+    r.min = r.min.div_ceil(5);
     run_seeds(
         "exactly-once, failure storm",
         SimOptions { fault_point_ppm: 4_000, storage_fail_ppm: 40_000, task_crash_ppm: 3_000, ..Default::default() },
