@@ -45,16 +45,31 @@ fn produce_lines(topic: &str, text: &str) {
     p.flush(Duration::from_secs(60)).unwrap();
 }
 
-#[test]
-fn wordcount_from_kafka_into_kafka_killed_at_random_moments_then_resumed_commits_every_update_exactly_once() {
-    let scratch = Scratch::new("kafka-kill9");
-    let text = word_lines(13, 30_000, (1, 8), 300);
-    let input = topic("cli-lines", 4);
-    let output = topic("cli-counts", OUTPUT_PARTITIONS);
+/// A word-count pipeline from a topic of 4 partitions into one of [`OUTPUT_PARTITIONS`], the input
+/// written: `name` names its scratch directory and topics, `seed` its text.
+struct Pipeline {
+    scratch: Scratch,
+    text: String,
+    output: String,
+    input_url: String,
+    output_url: String,
+}
+
+fn kafka_to_kafka(name: &str, seed: u64) -> Pipeline {
+    let scratch = Scratch::new(name);
+    let text = word_lines(seed, 30_000, (1, 8), 300);
+    let input = topic(&format!("{name}-lines"), 4);
+    let output = topic(&format!("{name}-counts"), OUTPUT_PARTITIONS);
     produce_lines(&input, &text);
     let input_url = format!("kafka://{}/{input}?bounded=true", brokers());
     // Tansu 0.6.0 can lose the offsets of a transaction sharing a partition with another producer's.
     let output_url = format!("kafka://{}/{output}?partitioning=fixed", brokers());
+    Pipeline { scratch, text, output, input_url, output_url }
+}
+
+#[test]
+fn wordcount_from_kafka_into_kafka_killed_at_random_moments_then_resumed_commits_every_update_exactly_once() {
+    let Pipeline { scratch, text, output, input_url, output_url } = kafka_to_kafka("kafka-kill9", 13);
     let args = wordcount_job(&input_url, &output_url, &scratch.arg("state"), "20ms", 40, &["-v"]);
     let drill = Drill {
         rounds: 8,
@@ -76,13 +91,7 @@ fn wordcount_from_kafka_into_kafka_killed_at_random_moments_then_resumed_commits
 /// partitioning no two producers share one).
 #[test]
 fn wordcount_from_kafka_into_kafka_resumed_at_another_parallelism_after_each_kill_commits_every_update_once() {
-    let scratch = Scratch::new("kafka-rescale");
-    let text = word_lines(37, 30_000, (1, 8), 300);
-    let input = topic("cli-rescale-lines", 4);
-    let output = topic("cli-rescale-counts", OUTPUT_PARTITIONS);
-    produce_lines(&input, &text);
-    let input_url = format!("kafka://{}/{input}?bounded=true", brokers());
-    let output_url = format!("kafka://{}/{output}?partitioning=fixed", brokers());
+    let Pipeline { scratch, text, output, input_url, output_url } = kafka_to_kafka("kafka-rescale", 37);
     let args = wordcount_job(&input_url, &output_url, &scratch.arg("state"), "20ms", 40, &["-v"]);
     let drill = Drill {
         rounds: 10,
@@ -103,13 +112,7 @@ fn wordcount_from_kafka_into_kafka_resumed_at_another_parallelism_after_each_kil
 /// other commits.
 #[test]
 fn wordcount_from_kafka_into_kafka_on_two_workers_killed_many_times_commits_every_update_exactly_once() {
-    let scratch = Scratch::new("kafka-cluster");
-    let text = word_lines(17, 30_000, (1, 8), 300);
-    let input = topic("cluster-lines", 4);
-    let output = topic("cluster-counts", OUTPUT_PARTITIONS);
-    produce_lines(&input, &text);
-    let input_url = format!("kafka://{}/{input}?bounded=true", brokers());
-    let output_url = format!("kafka://{}/{output}?partitioning=fixed", brokers());
+    let Pipeline { scratch, text, output, input_url, output_url } = kafka_to_kafka("kafka-cluster", 17);
     let job = wordcount_job(&input_url, &output_url, &scratch.arg("state"), "30ms", 500, &["--replacement-wait", "3s"]);
     let (killed, restored) = sink_chaos(&scratch, &job, 11);
     assert_each_update_once(&text, &output);

@@ -14,15 +14,22 @@ use common::pg::{assert_exact_counts, file_input, psql, url};
 use common::{cutline, named, word_lines, wordcount_job, Scratch};
 use std::time::Duration;
 
-#[test]
-fn wordcount_into_postgres_killed_at_random_moments_then_resumed_holds_exactly_the_failure_free_counts() {
-    let scratch = Scratch::new("pg-kill9");
-    let text = word_lines(11, 40_000, (1, 8), 20_000);
+/// Word count from a file (its text from `seed`) into `table`, dropped first: the scratch directory
+/// (`name`), the text, the input file and the job's arguments.
+fn file_to_table(name: &str, table: &str, seed: u64) -> (Scratch, String, std::path::PathBuf, Vec<String>) {
+    let scratch = Scratch::new(name);
+    let text = word_lines(seed, 40_000, (1, 8), 20_000);
     let input = scratch.write("input.txt", &text);
-    let table = "cli_kill9_counts";
     psql(&format!("DROP TABLE IF EXISTS {table}"));
     let output = format!("{}?table={table}", url());
     let args = wordcount_job(&input.display().to_string(), &output, &scratch.arg("state"), "20ms", 30, &["-v"]);
+    (scratch, text, input, args)
+}
+
+#[test]
+fn wordcount_into_postgres_killed_at_random_moments_then_resumed_holds_exactly_the_failure_free_counts() {
+    let table = "cli_kill9_counts";
+    let (scratch, text, input, args) = file_to_table("pg-kill9", table, 11);
     let drill =
         Drill { rounds: 8, kill_delay_ms: (150, 900), parallelism: &[], time_limit: Duration::from_secs(180), seed: 7 };
     let DrillReport { killed, restored, .. } = kill_and_resume(&scratch, &args, &drill);
@@ -38,13 +45,8 @@ fn wordcount_into_postgres_killed_at_random_moments_then_resumed_holds_exactly_t
 /// leave is recovered by fewer subtasks than prepared it.
 #[test]
 fn wordcount_into_postgres_resumed_at_another_parallelism_after_each_kill_holds_exactly_the_failure_free_counts() {
-    let scratch = Scratch::new("pg-rescale");
-    let text = word_lines(29, 40_000, (1, 8), 20_000);
-    let input = scratch.write("input.txt", &text);
     let table = "cli_rescale_counts";
-    psql(&format!("DROP TABLE IF EXISTS {table}"));
-    let output = format!("{}?table={table}", url());
-    let args = wordcount_job(&input.display().to_string(), &output, &scratch.arg("state"), "20ms", 30, &["-v"]);
+    let (scratch, text, input, args) = file_to_table("pg-rescale", table, 29);
     let drill = Drill {
         rounds: 10,
         kill_delay_ms: (150, 900),

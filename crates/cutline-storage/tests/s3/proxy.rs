@@ -134,21 +134,17 @@ impl Proxy {
                 let put_unanswered = Arc::new(AtomicBool::new(false));
                 // client -> server, deciding per request (a read that starts with a method).
                 {
-                    let (mut from, mut to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                    let (from, to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                     let (refuse_next, refused, puts_only) = (refuse_next.clone(), refused.clone(), puts_only.clone());
                     let (posts_only, pass_first) = (posts_only.clone(), pass_first.clone());
                     let (swallow_next, swallow_this) = (swallow_next.clone(), swallow_this.clone());
                     let swallow_next_create = swallow_next_create.clone();
                     let (put_unanswered, puts_open, most) =
                         (put_unanswered.clone(), puts_open.clone(), most_puts_open.clone());
-                    std::thread::spawn(move || {
-                        let mut buf = vec![0u8; 64 * 1024];
-                        loop {
-                            let n = match from.read(&mut buf) {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => n,
-                            };
-                            let chunk = &buf[..n];
+                    pump(
+                        from,
+                        to,
+                        move |chunk| {
                             let starts_request = [&b"GET "[..], b"PUT ", b"HEAD ", b"DELETE ", b"POST "]
                                 .iter()
                                 .any(|m| chunk.starts_with(m));
@@ -169,7 +165,7 @@ impl Proxy {
                                 && take(&refuse_next)
                             {
                                 refused.fetch_add(1, Ordering::SeqCst);
-                                break; // drop the connection with the request unanswered
+                                return false; // drop the connection with the request unanswered
                             }
                             let conditional_put = chunk.starts_with(b"PUT ")
                                 && String::from_utf8_lossy(chunk).to_ascii_lowercase().contains("if-none-match");
@@ -185,48 +181,69 @@ impl Proxy {
                             if chunk.starts_with(b"PUT ") && !put_unanswered.swap(true, Ordering::SeqCst) {
                                 most.fetch_max(puts_open.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
                             }
-                            if to.write_all(chunk).is_err() {
-                                break;
-                            }
-                        }
-                        let _ = from.shutdown(std::net::Shutdown::Both);
-                        let _ = to.shutdown(std::net::Shutdown::Both);
-                    });
+                            true
+                        },
+                        || {},
+                    );
                 }
                 // server -> client, unless this connection's answer is to be swallowed.
                 {
-                    let (mut from, mut to) = (server, client);
+                    let (from, to) = (server, client);
                     let swallowed = swallowed.clone();
                     let (puts_open, delay_ms) = (puts_open.clone(), delay_ms.clone());
-                    std::thread::spawn(move || {
-                        let mut buf = vec![0u8; 64 * 1024];
-                        loop {
-                            let n = match from.read(&mut buf) {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => n,
-                            };
-                            if buf[..n].starts_with(b"HTTP/") && put_unanswered.swap(false, Ordering::SeqCst) {
+                    let on_close = {
+                        let (put_unanswered, puts_open) = (put_unanswered.clone(), puts_open.clone());
+                        move || {
+                            if put_unanswered.swap(false, Ordering::SeqCst) {
+                                puts_open.fetch_sub(1, Ordering::SeqCst); // closed unanswered
+                            }
+                        }
+                    };
+                    pump(
+                        from,
+                        to,
+                        move |chunk| {
+                            if chunk.starts_with(b"HTTP/") && put_unanswered.swap(false, Ordering::SeqCst) {
                                 let delay = delay_ms.load(Ordering::SeqCst) as u64;
                                 std::thread::sleep(std::time::Duration::from_millis(delay));
                                 puts_open.fetch_sub(1, Ordering::SeqCst);
                             }
                             if swallow_this.load(Ordering::SeqCst) {
                                 swallowed.fetch_add(1, Ordering::SeqCst);
-                                break; // the server applied the request; the client never hears
+                                return false; // the server applied the request; the client never hears
                             }
-                            if to.write_all(&buf[..n]).is_err() {
-                                break;
-                            }
-                        }
-                        if put_unanswered.swap(false, Ordering::SeqCst) {
-                            puts_open.fetch_sub(1, Ordering::SeqCst); // closed unanswered
-                        }
-                        let _ = from.shutdown(std::net::Shutdown::Both);
-                        let _ = to.shutdown(std::net::Shutdown::Both);
-                    });
+                            true
+                        },
+                        on_close,
+                    );
                 }
             }
         });
         proxy
     }
+}
+
+/// Copies `from` to `to` on a thread of its own, one read at a time, while `pass` lets each read
+/// through; then shuts both down and calls `on_close`.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    mut pass: impl FnMut(&[u8]) -> bool + Send + 'static,
+    on_close: impl FnOnce() + Send + 'static,
+) {
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if !pass(&buf[..n]) || to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        on_close();
+        let _ = from.shutdown(std::net::Shutdown::Both);
+        let _ = to.shutdown(std::net::Shutdown::Both);
+    });
 }
