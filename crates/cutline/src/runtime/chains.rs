@@ -11,9 +11,18 @@ use cutline_storage::{StateFileRef, TaskStateHandle};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-/// Most files a restore reads for one task (a whole snapshot and the incremental ones on top): the
-/// next snapshot of a longer chain is written whole.
+/// Most files a restore reads for one task (a whole snapshot and the incremental ones on top) when
+/// its whole file is small: the next snapshot of a longer chain is written whole.
 pub(crate) const MAX_CHAIN_FILES: usize = 16;
+
+/// Most files in a chain whose whole file weighs at least [`LONG_CHAIN_MIN_WHOLE_BYTES`]. A whole
+/// snapshot passes over all of a task's state on the writer thread while the task runs (about 1 s at
+/// 10 M keys), so large state writes one less often; the weight rule still bounds what a restore reads.
+pub(crate) const MAX_LONG_CHAIN_FILES: usize = 64;
+
+/// The whole file's size from which a chain may grow to [`MAX_LONG_CHAIN_FILES`]: about half a
+/// second of a whole snapshot. Below it a whole snapshot is cheap and a shorter chain restores faster.
+pub(crate) const LONG_CHAIN_MIN_WHOLE_BYTES: u64 = 32 << 20;
 
 /// Snapshots remembered per task: bases only move forward, so only those at or after the newest
 /// base named are kept, and at most this many.
@@ -39,8 +48,8 @@ pub(crate) enum Plan {
 impl Chains {
     /// How `task`'s snapshot should be written, given the base checkpoint its task named (its latest
     /// known complete one). Whole if that snapshot is not known here (another generation wrote it),
-    /// if the chain is at [`MAX_CHAIN_FILES`], or if the changes on top of its whole file already
-    /// weigh as much as the whole file (a restore would read more than twice the state).
+    /// if the chain is at its most files ([`max_files`]), or if the changes on top of its whole file
+    /// already weigh as much as the whole file (a restore would read more than twice the state).
     pub fn plan(&self, task: TaskId, base: Option<CheckpointId>) -> Plan {
         let Some(base) = base else { return Plan::Whole };
         let by_task = self.by_task.lock().unwrap_or_else(|e| e.into_inner());
@@ -49,7 +58,7 @@ impl Chains {
         };
         let whole = chain.first().map_or(0, |f| f.size_bytes);
         let deltas: u64 = chain.iter().skip(1).map(|f| f.size_bytes).sum();
-        if chain.len() >= MAX_CHAIN_FILES || deltas >= whole {
+        if chain.len() >= max_files(whole) || deltas >= whole {
             return Plan::Whole;
         }
         Plan::OnTopOf(chain.clone())
@@ -66,6 +75,15 @@ impl Chains {
             kept.pop_front();
         }
         kept.push_back((checkpoint, chain));
+    }
+}
+
+/// The most files of a chain whose whole file weighs `whole_bytes`.
+pub(crate) fn max_files(whole_bytes: u64) -> usize {
+    if whole_bytes >= LONG_CHAIN_MIN_WHOLE_BYTES {
+        MAX_LONG_CHAIN_FILES
+    } else {
+        MAX_CHAIN_FILES
     }
 }
 
@@ -105,16 +123,27 @@ mod tests {
         assert_eq!(chains.plan(TaskId(1), Some(base)), Plan::Whole, "another task's");
     }
 
-    #[test]
-    fn a_chain_ends_at_the_most_files_a_restore_reads() {
+    /// Files in the longest chain built on a whole file of `whole_bytes`, with tiny changes.
+    fn longest_chain(whole_bytes: u64) -> usize {
         let chains = Chains::default();
         let t = TaskId(0);
-        chains.record(t, CheckpointId(1), None, &handle("c1", 1_000_000, vec![]));
+        chains.record(t, CheckpointId(1), None, &handle("c1", whole_bytes, vec![]));
         let mut c = 1;
         while let Plan::OnTopOf(chain) = chains.plan(t, Some(CheckpointId(c))) {
             chains.record(t, CheckpointId(c + 1), Some(CheckpointId(c)), &handle("d", 1, chain));
             c += 1;
         }
-        assert_eq!(c as usize, MAX_CHAIN_FILES);
+        c as usize
+    }
+
+    #[test]
+    fn a_chain_ends_at_the_most_files_a_restore_reads() {
+        assert_eq!(longest_chain(1_000_000), MAX_CHAIN_FILES);
+        assert_eq!(longest_chain(LONG_CHAIN_MIN_WHOLE_BYTES - 1), MAX_CHAIN_FILES);
+    }
+
+    #[test]
+    fn a_chain_on_a_large_whole_file_grows_longer() {
+        assert_eq!(longest_chain(LONG_CHAIN_MIN_WHOLE_BYTES), MAX_LONG_CHAIN_FILES);
     }
 }
