@@ -10,9 +10,10 @@ const MAX_SEEDS: u64 = 10_000;
 /// Fewest seeds a scenario runs by default, however long they take.
 const MIN_SEEDS: u64 = 1_000;
 /// Wall-clock seconds after which a scenario stops taking new seeds by default (once it has run
-/// `MIN_SEEDS`): nine scenarios on two cores then take about 23 minutes whatever the machine's speed,
-/// and a faster machine runs more seeds. `SIM_BUDGET_S` changes it. With 10,000 seeds each the nine
-/// took 69 minutes of a CI run of 86 on this project's machine, too close to CI's 90.
+/// `MIN_SEEDS`): the nine scenarios, two at a time, then take about 25 minutes whatever the
+/// machine's speed, and a faster machine runs more seeds. `SIM_BUDGET_S` changes it. With 10,000
+/// seeds each the nine took 69 minutes of a CI run of 86 on this project's machine, too close to
+/// CI's 90.
 const DEFAULT_BUDGET_S: u64 = 300;
 
 /// The seeds of a scenario: by default `0..MAX_SEEDS`, cut short by the time budget; `SIM_SEEDS=n`
