@@ -18,9 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Keys that get state first, one record each; then only the few hot ones change (slowly, while
-/// checkpoints are taken), and every tenth record of that phase deletes the state of a cold key
-/// instead; then every key gets one more record, whose count shows whether its state (or its
-/// deletion) came through the restore.
+/// checkpoints are taken), every tenth record of that phase deletes the state of a cold key
+/// instead, and the record after it counts that key again (a checkpoint's changes then hold the key
+/// both removed and written: written wins); then every key gets one more record, whose count shows
+/// whether its state (or its deletion) came through the restore.
 const KEYS: u64 = 4_000;
 const HOT: u64 = 3;
 const HOT_RECORDS: u64 = 3_000;
@@ -31,6 +32,7 @@ fn key(i: u64) -> (u64, bool) {
     match i {
         i if i < KEYS => (i, false),
         i if i < KEYS + HOT_RECORDS && i % 10 == 9 => (HOT + (i - KEYS) / 10, true),
+        i if KEYS < i && i < KEYS + HOT_RECORDS && i % 10 == 0 => (HOT + (i - 1 - KEYS) / 10, false),
         i if i < KEYS + HOT_RECORDS => (i % HOT, false),
         i => (i - KEYS - HOT_RECORDS, false),
     }
